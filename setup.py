@@ -1,0 +1,36 @@
+"""tepo-verl: TEPO (Token-Level Policy Optimization) as a verl plugin.
+
+`pip install -e .` registers the `verl.plugins` entry point, so `import verl` alone loads TEPO in the
+driver, the trainer and every Ray worker process.
+"""
+
+from setuptools import find_packages, setup
+
+# The verl range this plugin is tested against; `tepo_verl.verl_adapter.version_check` enforces it at run time.
+VERL_REQUIREMENT = "verl>=0.9.1,<0.10"
+
+setup(
+    name="tepo-verl",
+    version="0.1.0",
+    description="TEPO (Token-Level Policy Optimization, ACL 2026) for verl: a documented reconstruction",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["tepo_verl", "tepo_verl.*"]) + ["hydra_plugins.tepo_verl_searchpath"],
+    package_data={"tepo_verl": ["config/algorithm/*.yaml"]},
+    install_requires=[
+        # torch is deliberately not listed: verl brings it, and a bare `torch` requirement would let pip pull a
+        # multi-GB CUDA build over an installed CPU one. Install the torch build you want first.
+        VERL_REQUIREMENT,
+        "hydra-core>=1.3,<1.4",
+        "omegaconf>=2.3,<2.4",
+        "packaging",
+    ],
+    extras_require={
+        "test": ["pytest>=8", "hypothesis>=6.100"],
+    },
+    entry_points={
+        # verl imports every entry point of this group from `import verl` (verl/__init__.py).
+        "verl.plugins": ["tepo = tepo_verl.verl_adapter.entrypoint"],
+    },
+)

@@ -1,0 +1,89 @@
+"""Every TEPO option, its default and why (spec "Reconstruction"; README "Options" mirrors this table).
+
+The paper's body is unavailable, so each uncertain choice of the reconstruction is a named option here.
+`TepoOptions.from_mapping` rejects unknown names and values with an error that lists the valid ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+#: Valid values of each choice option. The first entry of each tuple is NOT necessarily the default.
+CHOICES: dict[str, tuple[str, ...]] = {
+    # Spec 2: geometric-mean likelihood ratio over the whole response, or over the prefix 1..t.
+    "ratio_mode": ("sequence", "prefix"),
+    # Spec 5: how "entropy decreasing at (i, t)" is decided.
+    "mask_rule": ("surprisal", "old", "surprisal_old", "off"),
+    # What to do when the mask rule's inputs are missing: "none" = raise; otherwise the rule to run instead.
+    "mask_fallback": ("none", "surprisal_old", "off"),
+    # Spec 5: on masked tokens, add beta * D ("penalty") or drop the policy term ("drop").
+    "mask_action": ("penalty", "drop"),
+    # Spec 5: the KL target, the old (sampling) policy or the reference model.
+    "kl_target": ("old", "ref"),
+    # Spec 5: per-token KL estimator (verl's names and the k-names are both accepted).
+    "kl_estimator": ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl"),
+}
+
+#: Short meaning of every option, for error messages and docs.
+MEANINGS: dict[str, str] = {
+    "ratio_mode": "sequence: one geometric-mean ratio per response; prefix: geometric mean over tokens 1..t",
+    "mask_rule": "entropy-falling test of the KL mask: surprisal (l+H>0), old (H<H_old), surprisal_old "
+    "(l_old+H_old>0), off (no mask)",
+    "mask_fallback": "rule used when the mask rule's inputs are missing; none = raise an error",
+    "mask_action": "penalty: add kl_coef*D on masked tokens; drop: remove the policy term on masked tokens",
+    "kl_target": "old: KL of the current policy to the old policy; ref: to the reference model",
+    "kl_estimator": "per-token KL estimator: k1/kl, abs, k2/mse, k3/low_var_kl",
+    "kl_coef": "beta, the weight of the per-token KL penalty on masked tokens (>= 0)",
+    "log_ratio_clamp": "upper clamp on the token log-ratio before exp, as verl's GSPO (10.0)",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class TepoOptions:
+    """The TEPO loss options. Defaults are the reconstruction's reasoned choices (docs/algorithm.md)."""
+
+    ratio_mode: str = "sequence"
+    mask_rule: str = "surprisal"
+    mask_fallback: str = "none"
+    mask_action: str = "penalty"
+    kl_target: str = "old"
+    kl_estimator: str = "low_var_kl"
+    kl_coef: float = 1.0
+    log_ratio_clamp: float = 10.0
+
+    def __post_init__(self) -> None:
+        for name, valid in CHOICES.items():
+            value = getattr(self, name)
+            if value not in valid:
+                raise ValueError(
+                    f"TEPO option {name}={value!r} is not valid; valid values: {', '.join(valid)} "
+                    f"({MEANINGS[name]})"
+                )
+        if not isinstance(self.kl_coef, int | float) or not math.isfinite(self.kl_coef) or self.kl_coef < 0:
+            raise ValueError(f"TEPO option kl_coef={self.kl_coef!r} must be a finite number >= 0")
+        if not isinstance(self.log_ratio_clamp, int | float) or not self.log_ratio_clamp > 0:
+            raise ValueError(f"TEPO option log_ratio_clamp={self.log_ratio_clamp!r} must be a number > 0")
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any] | None) -> TepoOptions:
+        """Build options from a dict/DictConfig, rejecting unknown names with the list of valid ones."""
+        if values is None:
+            return cls()
+        if isinstance(values, TepoOptions):
+            return values
+        unknown = sorted(set(values) - set(cls.field_names()) - {"_target_"})
+        if unknown:
+            raise ValueError(
+                f"Unknown TEPO option(s) {unknown}; valid options: {', '.join(cls.field_names())}"
+            )
+        return cls(**{k: v for k, v in values.items() if k != "_target_"})
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

@@ -1,0 +1,103 @@
+"""The adapter around verl's actor loss `verl.workers.utils.losses.ppo_loss`.
+
+verl's policy-loss registry passes a loss only (old_log_prob, log_prob, advantages, response_mask, ...); TEPO's
+mask also needs the current-policy entropy (`model_output["entropy"]`, computed when
+`actor.calculate_entropy=True`), the old-policy entropy (`data["entropy"]`, stored by verl's v1 trainer in its
+old-log-prob pass) and, for `kl_target=ref`, the reference log-probs (`data["ref_log_prob"]`).
+`tepo_aware_ppo_loss` pads those exactly as `ppo_loss` pads its own fields, hands them to the registered `tepo`
+loss through a context variable, and calls the stock `ppo_loss` unchanged (so its entropy bonus, KL loss and
+metric handling stay verl's). For every other loss mode it calls the stock `ppo_loss` directly: a no-op.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import sys
+from typing import Any
+
+import torch
+
+from tepo_verl.verl_adapter.config import TEPO_LOSS_MODE, loss_mode
+
+
+@dataclasses.dataclass
+class TepoExtras:
+    """Tensors the plain registry call cannot carry, padded like ppo_loss's fields, each (B, T) or None."""
+
+    entropy: torch.Tensor | None = None
+    old_entropy: torch.Tensor | None = None
+    ref_log_prob: torch.Tensor | None = None
+    #: Metrics that need an aggregation other than MEAN (filled by the loss, e.g. the ratio min/max).
+    metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+_EXTRAS: contextvars.ContextVar[TepoExtras | None] = contextvars.ContextVar("tepo_extras", default=None)
+
+#: verl's original ppo_loss, captured once when the adapter is installed.
+_stock_ppo_loss = None
+
+#: Modules that bind `ppo_loss` by name (`from verl.workers.utils.losses import ppo_loss`).
+_BINDING_MODULES = (
+    "verl.workers.utils.losses",
+    "verl.workers.engine_workers",
+    "verl.trainer.distillation.losses",
+)
+
+
+def current_extras() -> TepoExtras | None:
+    return _EXTRAS.get()
+
+
+def _padded(data, names: list[str]) -> dict[str, torch.Tensor]:
+    """Pad `data`'s fields `names` exactly as ppo_loss pads old_log_probs (select + to_padded_tensor)."""
+    present = [name for name in names if name in data.keys()]
+    if not present:
+        return {}
+    padded = data.select("response_mask", *present).to_padded_tensor()
+    return {name: padded[name] for name in present}
+
+
+def extract_extras(model_output, data) -> TepoExtras:
+    """The current entropy, old entropy and reference log-probs of one micro-batch, where present."""
+    from verl.workers.utils.padding import no_padding_2_padding
+
+    entropy = model_output.get("entropy", None)
+    if entropy is not None:
+        entropy = no_padding_2_padding(entropy, data)
+    stored = _padded(data, ["entropy", "ref_log_prob"])
+    return TepoExtras(entropy=entropy, old_entropy=stored.get("entropy"), ref_log_prob=stored.get("ref_log_prob"))
+
+
+def tepo_aware_ppo_loss(config, model_output, data, dp_group=None):
+    """Drop-in for verl's ppo_loss: identical for every loss mode except `tepo` (see the module docstring)."""
+    if loss_mode(config) != TEPO_LOSS_MODE:
+        return _stock_ppo_loss(config, model_output, data, dp_group)
+    extras = extract_extras(model_output, data)
+    token = _EXTRAS.set(extras)
+    try:
+        loss, metrics = _stock_ppo_loss(config, model_output, data, dp_group)
+    finally:
+        _EXTRAS.reset(token)
+    metrics.update(extras.metrics)
+    return loss, metrics
+
+
+def install() -> None:
+    """Bind `tepo_aware_ppo_loss` wherever verl binds `ppo_loss` (idempotent)."""
+    global _stock_ppo_loss
+    from verl.workers.utils import losses
+
+    if _stock_ppo_loss is None:
+        current = losses.ppo_loss
+        _stock_ppo_loss = getattr(current, "__wrapped_stock__", current)
+    tepo_aware_ppo_loss.__wrapped_stock__ = _stock_ppo_loss
+    for name in _BINDING_MODULES:
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "ppo_loss", None) is _stock_ppo_loss:
+            module.ppo_loss = tepo_aware_ppo_loss
+
+
+def stock_ppo_loss():
+    """verl's original ppo_loss (for tests and the no-op path)."""
+    return _stock_ppo_loss

@@ -1,0 +1,87 @@
+"""Misconfigurations caught in the driver before any worker starts (hooked into verl's `validate_config`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tepo_verl.core.mask import required_inputs
+from tepo_verl.core.options import TepoOptions
+from tepo_verl.verl_adapter.config import TEPO_LOSS_MODE
+
+TEPO_POLICY_LOSS_TARGET = "tepo_verl.verl_adapter.config.TepoPolicyLossConfig"
+
+
+class TepoConfigError(ValueError):
+    pass
+
+
+def _get(config: Any, dotted: str, default: Any = None) -> Any:
+    node = config
+    for key in dotted.split("."):
+        if node is None or not hasattr(node, "get"):
+            return default
+        node = node.get(key, None)
+    return default if node is None else node
+
+
+def tepo_config_problems(config: Any) -> list[str]:
+    """Every TEPO misconfiguration of a full verl config (DictConfig of ppo_trainer), as messages."""
+    actor = _get(config, "actor_rollout_ref.actor")
+    policy_loss = _get(actor, "policy_loss")
+    problems: list[str] = []
+    if policy_loss is None:
+        return problems
+    has_tepo_options = policy_loss.get("tepo", None) is not None
+    if has_tepo_options and policy_loss.get("_target_", None) != TEPO_POLICY_LOSS_TARGET:
+        problems.append(
+            "actor_rollout_ref.actor.policy_loss.tepo is set but policy_loss._target_ is "
+            f"{policy_loss.get('_target_', None)!r}; set policy_loss._target_={TEPO_POLICY_LOSS_TARGET} "
+            "(the tepo presets do), or verl's PolicyLossConfig will reject the 'tepo' key"
+        )
+    if policy_loss.get("loss_mode", "vanilla") != TEPO_LOSS_MODE:
+        return problems
+    try:
+        options = TepoOptions.from_mapping(dict(policy_loss.get("tepo", None) or {}))
+    except ValueError as error:
+        problems.append(str(error))
+        return problems
+
+    if _get(config, "algorithm.rollout_correction.bypass_mode", False):
+        problems.append(
+            "policy_loss.loss_mode=tepo with algorithm.rollout_correction.bypass_mode=True: verl would silently "
+            "replace the loss by 'bypass_mode' and TEPO would not run. Set "
+            "algorithm.rollout_correction.bypass_mode=False."
+        )
+    uses_reference = bool(_get(config, "algorithm.use_kl_in_reward", False)) or bool(actor.get("use_kl_loss", False))
+    if options.kl_target == "ref" and options.mask_rule != "off" and not uses_reference:
+        problems.append(
+            "policy_loss.tepo.kl_target=ref needs a reference model, and none runs: set "
+            "actor_rollout_ref.actor.use_kl_loss=True (with kl_loss_coef=0 to add no other KL term) or "
+            "algorithm.use_kl_in_reward=True, or use kl_target=old."
+        )
+    computes_entropy = bool(actor.get("calculate_entropy", False)) or actor.get("entropy_coeff", 0.0) != 0.0
+    stores_old_entropy = bool(_get(config, "trainer.use_v1", True))
+    available = {"entropy"} if computes_entropy else set()
+    if stores_old_entropy:
+        available.add("old_entropy")
+    needs = set(required_inputs(options.mask_rule))
+    fallback_ok = options.mask_fallback != "none" and set(required_inputs(options.mask_fallback)) <= available
+    if not needs <= available and not fallback_ok:
+        if "entropy" in needs - available:
+            problems.append(
+                f"policy_loss.tepo.mask_rule={options.mask_rule} needs the current-policy entropy: set "
+                "actor_rollout_ref.actor.calculate_entropy=True, or an explicit "
+                "policy_loss.tepo.mask_fallback=surprisal_old|off"
+            )
+        if "old_entropy" in needs - available:
+            problems.append(
+                f"policy_loss.tepo.mask_rule={options.mask_rule} needs the old-policy entropy, which only verl's "
+                "v1 trainer stores: set trainer.use_v1=True, or an explicit policy_loss.tepo.mask_fallback=off"
+            )
+    return problems
+
+
+def check_tepo_config(config: Any) -> None:
+    problems = tepo_config_problems(config)
+    if problems:
+        raise TepoConfigError("TEPO configuration error(s):\n" + "\n".join(f"  - {p}" for p in problems))

@@ -1,0 +1,83 @@
+"""Entry point of the `verl.plugins` group: `import verl` calls `load()` in every verl process.
+
+verl logs a failing plugin at debug level only, so `load()` never lets a failure pass silently: it prints the
+error to stderr and registers `tepo` stubs that raise it the moment `tepo` is selected.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+
+_LOADED = False
+LOAD_ERROR: BaseException | None = None
+
+
+def _install() -> None:
+    from tepo_verl.verl_adapter import actor_loss, checks, cli, registry  # noqa: F401  (registers `tepo`)
+    from tepo_verl.verl_adapter.version_check import check_verl_version
+
+    check_verl_version()
+    actor_loss.install()
+    _wrap_validate_config(checks.check_tepo_config)
+    _register_hydra_search_path()
+    cli.rewrite_sys_argv()
+
+
+def _register_hydra_search_path() -> None:
+    """Register the presets' search-path plugin with Hydra directly.
+
+    Hydra also finds it by scanning the `hydra_plugins` namespace package, but that scan misses packages
+    installed in setuptools' default (strict) editable mode, i.e. `pip install -e .`.
+    """
+    from hydra.core.plugins import Plugins
+    from hydra_plugins.tepo_verl_searchpath import TepoVerlSearchPathPlugin
+
+    Plugins.instance().register(TepoVerlSearchPathPlugin)
+
+
+def _wrap_validate_config(check) -> None:
+    """Run the TEPO checks inside verl's driver-side `validate_config` (main_ppo binds it after this runs)."""
+    from verl.utils import config as verl_config
+
+    stock = getattr(verl_config.validate_config, "__tepo_stock__", verl_config.validate_config)
+
+    def validate_config(config, *args, **kwargs):
+        check(config)
+        return stock(config, *args, **kwargs)
+
+    validate_config.__tepo_stock__ = stock
+    validate_config.__doc__ = stock.__doc__
+    verl_config.validate_config = validate_config
+
+
+def _register_failure_stubs(error: BaseException) -> None:
+    """Make selecting `tepo` raise the load error instead of verl's generic 'unknown' (or a silent fallback)."""
+    try:
+        from verl.trainer.ppo import core_algos
+    except Exception:  # noqa: BLE001 - verl itself is broken; the stderr report is all we can do
+        return
+
+    def failed(*args, **kwargs):
+        raise RuntimeError(f"tepo-verl failed to load, so 'tepo' cannot run: {error!r}") from error
+
+    core_algos.POLICY_LOSS_REGISTRY["tepo"] = failed
+    core_algos.ADV_ESTIMATOR_REGISTRY["tepo"] = failed
+
+
+def load() -> None:
+    global _LOADED, LOAD_ERROR
+    if _LOADED:
+        return
+    _LOADED = True
+    try:
+        _install()
+    except Exception as error:  # noqa: BLE001 - reported loudly below, and re-raised on use
+        LOAD_ERROR = error
+        print(
+            "\n[tepo-verl] ERROR: the TEPO plugin failed to load; selecting 'tepo' will fail.\n"
+            + "".join(traceback.format_exception(error)),
+            file=sys.stderr,
+            flush=True,
+        )
+        _register_failure_stubs(error)

@@ -1,0 +1,116 @@
+"""`tepo` in verl's advantage-estimator and policy-loss registries (thin wrappers over tepo_verl.core)."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import numpy as np
+import torch
+from verl.trainer.ppo.core_algos import agg_loss, register_adv_est, register_policy_loss
+from verl.utils.metric import AggregationType, Metric
+
+from tepo_verl.core.advantage import group_relative_advantage
+from tepo_verl.core.loss import MissingInputError, tepo_policy_loss
+from tepo_verl.verl_adapter.actor_loss import current_extras
+from tepo_verl.verl_adapter.config import TEPO_ADV_ESTIMATOR, TEPO_LOSS_MODE, tepo_options
+
+#: What provides each optional tensor, for the error when it is missing.
+PROVIDERS = {
+    "entropy": "the current-policy entropy: set actor_rollout_ref.actor.calculate_entropy=True (the tepo preset does)",
+    "old_entropy": "the old-policy entropy: stored by verl's v1 trainer (trainer.use_v1=True) in its old-log-prob "
+    "pass, which algorithm.rollout_correction.bypass_mode=True skips",
+    "ref_log_prob": "the reference log-probs: a reference model, i.e. actor_rollout_ref.actor.use_kl_loss=True "
+    "(kl_loss_coef may be 0) or algorithm.use_kl_in_reward=True",
+}
+
+
+def missing_input_message(error: MissingInputError) -> str:
+    lines = [f"{error}. Provide:"] + [f"  - {name}: {PROVIDERS.get(name, name)}" for name in error.missing]
+    lines.append(
+        "or choose an explicit fallback: actor_rollout_ref.actor.policy_loss.tepo.mask_fallback=surprisal_old|off"
+    )
+    return "\n".join(lines)
+
+
+@register_adv_est(TEPO_ADV_ESTIMATOR)
+def compute_tepo_outcome_advantage(
+    token_level_rewards: torch.Tensor,  # (B, T)
+    response_mask: torch.Tensor,  # (B, T)
+    index: np.ndarray,  # (B,) prompt uid
+    epsilon: float = 1e-6,
+    config: Any = None,  # the `algorithm` config
+    **unused: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:  # advantages (B, T), returns (B, T)
+    """Spec 1: group-relative advantage; `algorithm.norm_adv_by_std_in_grpo` switches the std normalisation."""
+    norm_by_std = True if config is None else bool(config.get("norm_adv_by_std_in_grpo", True))
+    scores = token_level_rewards.sum(dim=-1)  # (B,)
+    advantages = group_relative_advantage(scores, list(index), response_mask, norm_by_std=norm_by_std, eps=epsilon)
+    advantages = advantages.to(token_level_rewards.dtype)
+    return advantages, advantages
+
+
+def _clip_ratios(config: Any) -> tuple[float, float]:
+    clip_ratio = config.get("clip_ratio", 0.2)
+    low = config.get("clip_ratio_low", None)
+    high = config.get("clip_ratio_high", None)
+    return (clip_ratio if low is None else low), (clip_ratio if high is None else high)
+
+
+@register_policy_loss(TEPO_LOSS_MODE)
+def compute_policy_loss_tepo(
+    old_log_prob: torch.Tensor,  # (B, T)
+    log_prob: torch.Tensor,  # (B, T)
+    advantages: torch.Tensor,  # (B, T)
+    response_mask: torch.Tensor,  # (B, T)
+    loss_agg_mode: str = "token-mean",
+    config: Any = None,  # verl ActorConfig (or a DictConfig of the actor section)
+    rollout_is_weights: torch.Tensor | None = None,  # (B, T)
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """The TEPO loss behind verl's registry. Entropies/ref log-probs come from the ppo_loss adapter's context."""
+    if config is None:
+        raise ValueError("the tepo policy loss needs the actor config (clip ratios, TEPO options)")
+    options = tepo_options(config)
+    extras = current_extras()
+    global_batch_info = dict(config.get("global_batch_info", None) or {})
+    low, high = _clip_ratios(config)
+    try:
+        out = tepo_policy_loss(
+            log_prob,
+            old_log_prob,
+            advantages,
+            response_mask,
+            clip_ratio_low=low,
+            clip_ratio_high=high,
+            options=options,
+            entropy=None if extras is None else extras.entropy,
+            old_entropy=None if extras is None else extras.old_entropy,
+            ref_log_prob=None if extras is None else extras.ref_log_prob,
+            rollout_is_weights=rollout_is_weights,
+            aggregate=partial(agg_loss, loss_agg_mode=loss_agg_mode, **global_batch_info),
+        )
+    except MissingInputError as error:
+        raise ValueError(missing_input_message(error)) from error
+    return out.loss, verl_metrics(out.metrics, out.mask_rule, out.mask_fallback_used, extras)
+
+
+def verl_metrics(core: dict[str, float], rule: str, fell_back: bool, extras) -> dict[str, Any]:
+    """Name the core metrics for verl's metric path; min/max go through the adapter with MIN/MAX aggregation."""
+    metrics: dict[str, Any] = {
+        "actor/pg_clipfrac": core["token_clipfrac"],
+        "actor/pg_clipfrac_lower": core["token_clipfrac_lower"],
+        "actor/ppo_kl": core["ppo_kl"],
+        f"tepo/mask_rule/{rule}": 1.0,
+        "tepo/mask_fallback_used": float(fell_back),
+    }
+    for name in ("mask_frac", "masked_kl_mean", "seq_ratio_mean", "seq_clipfrac", "entropy", "entropy_delta"):
+        if name in core:
+            metrics[f"tepo/{name}"] = core[name]
+    extremes = {"tepo/seq_ratio_min": (core["seq_ratio_min"], AggregationType.MIN),
+                "tepo/seq_ratio_max": (core["seq_ratio_max"], AggregationType.MAX)}
+    for name, (value, aggregation) in extremes.items():
+        if extras is None:
+            metrics[name] = value
+        else:
+            extras.metrics[name] = Metric(aggregation=aggregation, value=value)
+    return metrics
