@@ -183,7 +183,7 @@ def _metrics(
             "seq_ratio_mean": float(seq_ratio.mean()) if seq_ratio.numel() else 1.0,
             "seq_ratio_min": float(seq_ratio.min()) if seq_ratio.numel() else 1.0,
             "seq_ratio_max": float(seq_ratio.max()) if seq_ratio.numel() else 1.0,
-            "seq_clipfrac": float(seq_clipped.float().mean()) if seq_clipped.numel() else 0.0,
+            "seq_clipfrac": float(seq_clipped.sum()) / seq_clipped.numel() if seq_clipped.numel() else 0.0,
             "token_clipfrac": _masked_mean(clipped.to(log_prob.dtype), valid),
             "token_clipfrac_lower": _masked_mean((clipped & (advantages < 0)).to(log_prob.dtype), valid),
             "ppo_kl": _masked_mean(old_log_prob - log_prob, valid),

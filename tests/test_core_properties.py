@@ -1,0 +1,179 @@
+"""The spec's sanity properties and numerical safety, as property tests on tepo_verl.core."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from batches import random_batch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tepo_verl.core import TepoOptions, group_relative_advantage, kl_estimate, tepo_policy_loss
+from tepo_verl.core.options import CHOICES
+
+seeds = st.integers(0, 2**31 - 1)
+shapes = st.tuples(st.integers(1, 6), st.integers(1, 10))
+
+
+def _loss(batch, opts, lo=0.2, hi=0.28, log_prob=None, **kw):
+    kw.setdefault("entropy", batch.entropy)
+    kw.setdefault("old_entropy", batch.old_entropy)
+    kw.setdefault("ref_log_prob", batch.ref_log_prob)
+    return tepo_policy_loss(
+        batch.log_prob if log_prob is None else log_prob, batch.old_log_prob, batch.advantages,
+        batch.response_mask, clip_ratio_low=lo, clip_ratio_high=hi, options=opts, **kw,
+    )
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=seeds, shape=shapes, ratio_mode=st.sampled_from(CHOICES["ratio_mode"]),
+       estimator=st.sampled_from(["k1", "abs", "k2", "k3"]), action=st.sampled_from(CHOICES["mask_action"]))
+def test_current_equals_old(seed, shape, ratio_mode, estimator, action):
+    """Spec: s = 1, D = 0, the 'old' mask is empty, loss = -mean_token(A), grad_it = -A_i / N."""
+    batch = random_batch(seed, *shape, drift=0.0)
+    assert torch.equal(batch.log_prob.detach(), batch.old_log_prob)
+    opts = TepoOptions(ratio_mode=ratio_mode, mask_rule="old", kl_estimator=estimator, mask_action=action)
+    out = _loss(batch, opts, old_entropy=batch.entropy)  # current == old: same entropies too
+    valid = batch.response_mask.bool()
+    n = max(int(valid.sum()), 1)
+    assert not out.mask.any()
+    assert out.metrics["seq_ratio_min"] == out.metrics["seq_ratio_max"] == 1.0
+    assert out.metrics["masked_kl_mean"] == 0.0 and out.metrics["mask_frac"] == 0.0
+    torch.testing.assert_close(kl_estimate(batch.log_prob, batch.old_log_prob, estimator)[valid],
+                               torch.zeros(int(valid.sum()), dtype=torch.float64))
+    torch.testing.assert_close(out.loss, -(batch.advantages * batch.response_mask).sum() / n)
+    (grad,) = torch.autograd.grad(out.loss, batch.log_prob)
+    torch.testing.assert_close(grad, -batch.advantages * batch.response_mask / n)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=seeds, shape=shapes, drift=st.sampled_from([0.01, 0.3, 3.0]))
+def test_clipping_acts_per_sequence(seed, shape, drift):
+    """Sequence mode: all valid tokens of one response are clipped (zero policy gradient) or none is."""
+    batch = random_batch(seed, *shape, drift=drift)
+    out = _loss(batch, TepoOptions(mask_rule="off"), lo=0.05, hi=0.05)
+    (grad,) = torch.autograd.grad(out.loss, batch.log_prob)
+    for i, n in enumerate(batch.lengths):
+        if n == 0 or float(batch.advantages[i, 0]) == 0.0:
+            continue
+        zero = grad[i, :n] == 0
+        assert bool(zero.all()) or not bool(zero.any()), (i, grad[i, :n])
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=seeds, shape=shapes, rule=st.sampled_from(["old", "surprisal", "surprisal_old"]))
+def test_mask_only_selects_positive_advantage_valid_falling_tokens(seed, shape, rule):
+    batch = random_batch(seed, *shape)
+    out = _loss(batch, TepoOptions(mask_rule=rule))
+    assert not (out.mask & (batch.advantages <= 0)).any()
+    assert not (out.mask & ~batch.response_mask.bool()).any()
+    falling = {
+        "old": batch.entropy < batch.old_entropy,
+        "surprisal": batch.log_prob.detach() + batch.entropy > 0,
+        "surprisal_old": batch.old_log_prob + batch.old_entropy > 0,
+    }[rule]
+    assert not (out.mask & ~falling).any()
+    assert torch.equal(out.mask, falling & (batch.advantages > 0) & batch.response_mask.bool())
+
+
+def test_the_old_rule_selects_only_tokens_whose_entropy_fell():
+    batch = random_batch(4, 6, 8)
+    out = _loss(batch, TepoOptions(mask_rule="old"))
+    assert out.mask.any()
+    assert (batch.entropy[out.mask] < batch.old_entropy[out.mask]).all()
+
+
+@pytest.mark.parametrize("log_ratio", [50.0, -50.0])
+@pytest.mark.parametrize("estimator", ["k1", "abs", "k2", "k3"])
+@pytest.mark.parametrize("ratio_mode", CHOICES["ratio_mode"])
+def test_extreme_log_ratios_stay_finite(log_ratio, estimator, ratio_mode):
+    batch = random_batch(1, 5, 7)
+    log_prob = (batch.old_log_prob + log_ratio).requires_grad_(True)
+    out = _loss(batch, TepoOptions(kl_estimator=estimator, ratio_mode=ratio_mode, mask_rule="surprisal_old"),
+                log_prob=log_prob)
+    (grad,) = torch.autograd.grad(out.loss, log_prob)
+    assert torch.isfinite(out.loss) and torch.isfinite(grad).all()
+    assert all(torch.isfinite(torch.tensor(v)) for v in out.metrics.values())
+
+
+def test_nan_in_padding_never_leaks():
+    batch = random_batch(2, 4, 6, lengths=[6, 2, 0, 3])
+    pad = ~batch.response_mask.bool()
+    log_prob = torch.where(pad, torch.full_like(batch.old_log_prob, float("nan")), batch.log_prob.detach())
+    log_prob.requires_grad_(True)
+    old = torch.where(pad, torch.full_like(batch.old_log_prob, float("inf")), batch.old_log_prob)
+    out = tepo_policy_loss(log_prob, old, batch.advantages, batch.response_mask, clip_ratio_low=0.2,
+                           clip_ratio_high=0.2, options=TepoOptions(mask_rule="surprisal"), entropy=batch.entropy)
+    (grad,) = torch.autograd.grad(out.loss, log_prob)
+    assert torch.isfinite(out.loss) and torch.isfinite(grad).all()
+    assert (grad[pad] == 0).all()
+
+
+def test_all_masked_rows_and_empty_batches_are_safe():
+    batch = random_batch(3, 4, 5, lengths=[0, 0, 0, 0])
+    out = _loss(batch, TepoOptions())
+    (grad,) = torch.autograd.grad(out.loss, batch.log_prob)
+    assert out.loss == 0 and (grad == 0).all()
+    assert out.metrics["mask_frac"] == 0.0 and out.metrics["seq_ratio_mean"] == 1.0
+
+
+@pytest.mark.parametrize("rule", ["surprisal", "old", "off"])
+def test_bfloat16_inputs(rule):
+    batch = random_batch(5, 6, 16, dtype=torch.float64)
+    bf = {k: getattr(batch, k).detach().to(torch.bfloat16) for k in
+          ("log_prob", "old_log_prob", "advantages", "response_mask", "entropy", "old_entropy")}
+    log_prob = bf.pop("log_prob").requires_grad_(True)
+    out = tepo_policy_loss(log_prob, bf["old_log_prob"], bf["advantages"], bf["response_mask"],
+                           clip_ratio_low=3e-4, clip_ratio_high=4e-4, options=TepoOptions(mask_rule=rule),
+                           entropy=bf["entropy"], old_entropy=bf["old_entropy"])
+    out.loss.backward()
+    assert out.loss.dtype == torch.float32  # computed in float32, not bf16
+    assert torch.isfinite(out.loss) and torch.isfinite(log_prob.grad.float()).all()
+    assert log_prob.grad.dtype == torch.bfloat16
+    ref = tepo_policy_loss(log_prob.detach().double(), bf["old_log_prob"].double(), bf["advantages"].double(),
+                           bf["response_mask"].double(), clip_ratio_low=3e-4, clip_ratio_high=4e-4,
+                           options=TepoOptions(mask_rule=rule), entropy=bf["entropy"].double(),
+                           old_entropy=bf["old_entropy"].double())
+    torch.testing.assert_close(out.loss.double(), ref.loss, rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------- advantage
+
+@settings(max_examples=50, deadline=None)
+@given(seed=seeds, n=st.integers(1, 12), groups=st.integers(1, 4), shift=st.floats(-5, 5), scale=st.floats(0.1, 10))
+def test_advantage_invariances(seed, n, groups, shift, scale):
+    g = torch.Generator().manual_seed(seed)
+    scores = torch.randint(0, 3, (n,), generator=g).double()
+    index = [int(k) for k in torch.randint(0, groups, (n,), generator=g)]
+    mask = torch.ones(n, 3, dtype=torch.float64)
+    base = group_relative_advantage(scores, index, mask)
+    assert torch.isfinite(base).all()
+    torch.testing.assert_close(group_relative_advantage(scores + shift, index, mask), base, atol=1e-9, rtol=1e-9)
+    torch.testing.assert_close(group_relative_advantage(scores * scale, index, mask), base, atol=2e-5, rtol=2e-5)
+    perm = torch.randperm(n, generator=g)
+    permuted = group_relative_advantage(scores[perm], [index[k] for k in perm], mask)
+    torch.testing.assert_close(permuted, base[perm])
+    for group in set(index):  # group-relative: each group's advantages sum to zero
+        rows = [k for k, gid in enumerate(index) if gid == group]
+        assert abs(float(base[rows, 0].sum())) < 1e-9
+
+
+def test_advantage_has_no_signal_for_groups_of_one_or_zero_variance():
+    scores = torch.tensor([0.1, 0.1, 0.1, 1.0, 0.0, 7.0])
+    index = ["a", "a", "a", "b", "b", "c"]
+    adv = group_relative_advantage(scores, index, torch.ones(6, 2))
+    assert (adv[:3] == 0).all() and (adv[5] == 0).all()
+    assert adv[3, 0] > 0 > adv[4, 0]
+
+
+# ---------------------------------------------------------------- options
+
+def test_unknown_option_names_and_values_list_the_valid_ones():
+    with pytest.raises(ValueError, match=r"mask_rule='entropy'.*valid values: surprisal, old, surprisal_old, off"):
+        TepoOptions(mask_rule="entropy")
+    with pytest.raises(ValueError, match=r"Unknown TEPO option\(s\) \['beta'\].*valid options: ratio_mode"):
+        TepoOptions.from_mapping({"beta": 1.0})
+    with pytest.raises(ValueError, match="kl_coef=-1"):
+        TepoOptions(kl_coef=-1)
+    with pytest.raises(ValueError, match="kl_estimator='k4'"):
+        TepoOptions(kl_estimator="k4")
