@@ -32,10 +32,10 @@ def random_batch(
     drift: float = 0.3,
     lengths: list[int] | None = None,
 ) -> Batch:
-    """Lengths default to random in [0, max_len] with at least one 0- or 1-length row when batch_size > 2."""
+    """Lengths default to random in [1, max_len], except rows 0 and 1 (lengths 0 and 1) when batch_size > 2."""
     g = torch.Generator().manual_seed(seed)
     if lengths is None:
-        lengths = torch.randint(0, max_len + 1, (batch_size,), generator=g).tolist()
+        lengths = torch.randint(1, max_len + 1, (batch_size,), generator=g).tolist()
         if batch_size > 2:
             lengths[0] = 0
             lengths[1] = min(1, max_len)

@@ -36,9 +36,10 @@ def _falling(rule, l, l_old, h, h_old) -> bool:
 
 def reference_tepo(
     log_prob, old_log_prob, advantages, response_mask, *, lo, hi, opts, rule=None,
-    entropy=None, old_entropy=None, ref_log_prob=None, is_weights=None, agg="token-mean",
+    entropy=None, old_entropy=None, ref_log_prob=None, is_weights=None, agg="token-mean", n_seqs=None,
 ):
-    """Returns (loss, metrics dict, per-token loss list). `rule` = the mask rule that should run."""
+    """Returns (loss, metrics). `rule` = the mask rule that should run. `n_seqs`: the seq-mean denominator
+    (verl's global_batch_size; default: the number of non-empty responses, as verl's agg_loss without it)."""
     rule = rule or opts.mask_rule
     B, T = log_prob.shape
     lp = log_prob.detach()  # for the non-differentiable decisions
@@ -103,7 +104,7 @@ def reference_tepo(
             items = [v for (r, _), v in token_losses.items() if r == i]
             if items:
                 per_seq.append(sum(items) / len(items))
-        loss = sum(per_seq) / max(len(per_seq), 1)
+        loss = sum(per_seq) / (n_seqs or max(len(per_seq), 1))
     else:
         raise ValueError(agg)
     if not torch.is_tensor(loss):
