@@ -1,0 +1,198 @@
+"""The Hydra presets, the `algorithm=NAME` command line, misconfiguration checks and the plugin's loading."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from omegaconf import OmegaConf
+from verl_config import compose_config
+
+from tepo_verl.verl_adapter.checks import TepoConfigError, check_tepo_config
+from tepo_verl.verl_adapter.cli import is_verl_command, normalize_algorithm_override
+from tepo_verl.verl_adapter.version_check import UnsupportedVerlVersion, check_verl_version
+
+PRESETS = {
+    "tepo": {"algorithm.adv_estimator": "tepo", "actor_rollout_ref.actor.policy_loss.loss_mode": "tepo",
+             "actor_rollout_ref.actor.clip_ratio_low": 3e-4, "actor_rollout_ref.actor.clip_ratio_high": 4e-4,
+             "actor_rollout_ref.actor.loss_agg_mode": "token-mean",
+             "actor_rollout_ref.actor.calculate_entropy": True, "actor_rollout_ref.actor.use_kl_loss": False,
+             "actor_rollout_ref.actor.policy_loss.tepo.mask_rule": "surprisal",
+             "algorithm.filter_groups.enable": False},
+    "tepo_nomask": {"algorithm.adv_estimator": "tepo", "actor_rollout_ref.actor.policy_loss.loss_mode": "tepo",
+                    "actor_rollout_ref.actor.policy_loss.tepo.mask_rule": "off",
+                    "actor_rollout_ref.actor.clip_ratio_high": 4e-4},
+    "grpo": {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.actor.policy_loss.loss_mode": "vanilla",
+             "actor_rollout_ref.actor.clip_ratio_low": 0.2, "actor_rollout_ref.actor.clip_ratio_high": 0.2,
+             "actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-mean",
+             "actor_rollout_ref.actor.use_kl_loss": True, "actor_rollout_ref.actor.kl_loss_type": "low_var_kl",
+             "algorithm.filter_groups.enable": False},
+    "dapo": {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.actor.policy_loss.loss_mode": "vanilla",
+             "actor_rollout_ref.actor.clip_ratio_low": 0.2, "actor_rollout_ref.actor.clip_ratio_high": 0.28,
+             "actor_rollout_ref.actor.loss_agg_mode": "token-mean", "actor_rollout_ref.actor.use_kl_loss": False,
+             "algorithm.filter_groups.enable": True},
+}
+
+#: Keys every preset sets, so that a comparison differs in the preset alone.
+DEFINING_KEYS = ["algorithm.adv_estimator", "actor_rollout_ref.actor.policy_loss.loss_mode",
+                 "actor_rollout_ref.actor.clip_ratio_low", "actor_rollout_ref.actor.clip_ratio_high",
+                 "actor_rollout_ref.actor.loss_agg_mode", "actor_rollout_ref.actor.calculate_entropy",
+                 "actor_rollout_ref.actor.use_kl_loss", "actor_rollout_ref.actor.entropy_coeff",
+                 "algorithm.use_kl_in_reward", "algorithm.filter_groups.enable"]
+
+
+def _cli(*args, env=None, cwd="/"):
+    return subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo", *args], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, **(env or {})}, cwd=cwd)
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_presets_compose_with_the_defining_keys(name):
+    cfg = compose_config([f"+algorithm={name}"])
+    for key, expected in PRESETS[name].items():
+        assert OmegaConf.select(cfg, key) == expected, key
+    base = compose_config([])
+    for key in DEFINING_KEYS:  # set explicitly by the preset file (the base may differ or coincide)
+        assert OmegaConf.select(cfg, key) is not None, key
+    assert OmegaConf.select(base, "algorithm.adv_estimator") == "gae"
+    check_tepo_config(cfg)  # every preset is a valid configuration
+
+
+def test_every_preset_sets_every_defining_key():
+    from importlib.resources import files
+
+    for name in PRESETS:
+        text = (files("tepo_verl.config") / "algorithm" / f"{name}.yaml").read_text()
+        merged = OmegaConf.create(text)
+        if name == "tepo_nomask":  # inherits tepo through its defaults list
+            merged = OmegaConf.merge(OmegaConf.create((files("tepo_verl.config") / "algorithm" / "tepo.yaml")
+                                                      .read_text()), merged)
+        for key in DEFINING_KEYS:
+            assert OmegaConf.select(merged, key) is not None, (name, key)
+
+
+@pytest.mark.parametrize("spelling", ["algorithm=tepo", "+algorithm=tepo"])
+def test_main_ppo_cfg_job_with_the_stock_entry_point(spelling):
+    result = _cli(spelling, "--cfg", "job")
+    assert result.returncode == 0, result.stderr[-3000:]
+    cfg = OmegaConf.create(result.stdout)
+    assert cfg.algorithm.adv_estimator == "tepo"
+    assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == "tepo"
+    assert cfg.actor_rollout_ref.actor.policy_loss._target_ == "tepo_verl.verl_adapter.config.TepoPolicyLossConfig"
+    assert set(cfg.actor_rollout_ref.actor.policy_loss.tepo) == {
+        "ratio_mode", "mask_rule", "mask_fallback", "mask_action", "kl_target", "kl_estimator", "kl_coef",
+        "log_ratio_clamp"}
+
+
+def test_unknown_preset_lists_the_available_ones():
+    result = _cli("algorithm=tepoo", "--cfg", "job")
+    assert result.returncode != 0
+    assert "Could not find 'algorithm/tepoo'" in result.stderr
+    for name in PRESETS:
+        assert name in result.stderr
+
+
+def test_argv_rewrite_can_be_turned_off():
+    result = _cli("algorithm=tepo", "--cfg", "job", env={"TEPO_VERL_REWRITE_ARGV": "0"})
+    assert result.returncode != 0 and "Could not override 'algorithm'" in result.stderr
+
+
+def test_normalize_algorithm_override():
+    argv = ["algorithm=tepo", "+algorithm=grpo", "algorithm.gamma=0.9", "data.algorithm=tepo", "x=algorithm=tepo",
+            "algorithm=tepo_nomask", "~algorithm"]
+    assert normalize_algorithm_override(argv) == [
+        "+algorithm=tepo", "+algorithm=grpo", "algorithm.gamma=0.9", "data.algorithm=tepo", "x=algorithm=tepo",
+        "+algorithm=tepo_nomask", "~algorithm"]
+    assert is_verl_command(["python", "-m", "verl.trainer.main_ppo", "algorithm=tepo"], "-m")
+    assert not is_verl_command(["python", "-m", "pytest", "algorithm=tepo"], "-m")
+    assert not is_verl_command(["python", "train.py"], "train.py")
+
+
+# ------------------------------------------------------------------ misconfigurations caught early
+
+BAD_CONFIGS = [
+    (["algorithm.rollout_correction.bypass_mode=True"], r"bypass_mode=True: verl would silently replace the loss"),
+    (["actor_rollout_ref.actor.policy_loss.tepo.kl_target=ref"], r"kl_target=ref needs a reference model"),
+    (["actor_rollout_ref.actor.calculate_entropy=False"], r"calculate_entropy=True"),
+    (["actor_rollout_ref.actor.policy_loss.tepo.mask_rule=old", "trainer.use_v1=False"], r"trainer\.use_v1=True"),
+    (["actor_rollout_ref.actor.policy_loss.tepo.mask_rule=entropy"],
+     r"mask_rule='entropy' is not valid; valid values: surprisal, old, surprisal_old, off"),
+    (["+actor_rollout_ref.actor.policy_loss.tepo.beta=1"], r"Unknown TEPO option\(s\) \['beta'\]"),
+    (["actor_rollout_ref.actor.policy_loss._target_=verl.workers.config.PolicyLossConfig"],
+     r"policy_loss\._target_=tepo_verl\.verl_adapter\.config\.TepoPolicyLossConfig"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", BAD_CONFIGS)
+def test_misconfigurations_are_caught_in_verl_validate_config(overrides, message):
+    from verl.utils.config import validate_config  # the driver's entry, wrapped by the plugin
+
+    cfg = compose_config(["+algorithm=tepo", *overrides])
+    with pytest.raises(TepoConfigError, match=message):
+        validate_config(cfg, use_reference_policy=False, use_critic=False)
+
+
+@pytest.mark.parametrize("overrides", [
+    ["actor_rollout_ref.actor.policy_loss.tepo.kl_target=ref", "actor_rollout_ref.actor.use_kl_loss=True",
+     "actor_rollout_ref.actor.kl_loss_coef=0"],
+    ["actor_rollout_ref.actor.calculate_entropy=False", "actor_rollout_ref.actor.policy_loss.tepo.mask_fallback=surprisal_old"],
+    ["actor_rollout_ref.actor.calculate_entropy=False", "actor_rollout_ref.actor.policy_loss.tepo.mask_rule=surprisal_old"],
+    ["actor_rollout_ref.actor.policy_loss.tepo.kl_target=ref", "actor_rollout_ref.actor.policy_loss.tepo.mask_rule=off"],
+])
+def test_valid_variants_pass_the_checks(overrides):
+    check_tepo_config(compose_config(["+algorithm=tepo", *overrides]))
+
+
+def test_non_tepo_configs_are_not_checked():
+    check_tepo_config(compose_config(["algorithm.rollout_correction.bypass_mode=True"]))
+    check_tepo_config(compose_config(["+algorithm=dapo", "algorithm.rollout_correction.bypass_mode=True"]))
+
+
+def test_checks_run_in_the_real_main_before_any_worker_starts():
+    result = _cli("algorithm=tepo", "algorithm.rollout_correction.bypass_mode=True",
+                  "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1")
+    assert result.returncode != 0
+    assert "TepoConfigError" in result.stderr and "bypass_mode=True" in result.stderr
+    assert "ray.init" not in result.stderr.lower()
+
+
+def test_verl_version_outside_the_supported_range_is_refused():
+    assert check_verl_version("0.9.1") == "0.9.1"
+    for bad in ("0.8.0", "0.10.0", "1.0.0"):
+        with pytest.raises(UnsupportedVerlVersion, match=rf"supports verl .*installed verl is {bad}"):
+            check_verl_version(bad)
+
+
+# ------------------------------------------------------------------ plugin loading in a fresh process
+
+def _python(code, env=None):
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **(env or {})}, cwd="/")
+
+
+def test_import_verl_alone_registers_tepo_in_a_fresh_process():
+    result = _python(
+        "import verl\n"
+        "from verl.trainer.ppo import core_algos as c\n"
+        "from verl.workers.utils import losses\n"
+        "print(c.get_policy_loss_fn('tepo').__module__, c.get_adv_estimator_fn('tepo').__module__,"
+        " losses.ppo_loss.__name__)\n")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["tepo_verl.verl_adapter.registry", "tepo_verl.verl_adapter.registry",
+                                     "tepo_aware_ppo_loss"]
+
+
+def test_a_load_failure_is_loud_and_selecting_tepo_raises_it():
+    result = _python(
+        "from packaging.specifiers import SpecifierSet\n"
+        "import tepo_verl.verl_adapter.version_check as v\n"
+        "v.SUPPORTED_VERL = SpecifierSet('<0.1')\n"
+        "import verl\n"
+        "from verl.trainer.ppo import core_algos as c\n"
+        "c.get_policy_loss_fn('tepo')()\n")
+    assert result.returncode != 0
+    assert "[tepo-verl] ERROR: the TEPO plugin failed to load" in result.stderr
+    assert "RuntimeError: tepo-verl failed to load, so 'tepo' cannot run" in result.stderr
+    assert "UnsupportedVerlVersion" in result.stderr
