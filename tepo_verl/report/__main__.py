@@ -1,0 +1,3 @@
+from tepo_verl.report.compare import main
+
+raise SystemExit(main())
