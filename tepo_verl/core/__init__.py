@@ -3,9 +3,9 @@
 from tepo_verl.core.advantage import group_relative_advantage
 from tepo_verl.core.kl import KL_ESTIMATORS, kl_estimate
 from tepo_verl.core.loss import TepoLossOutput, tepo_policy_loss, token_mean
-from tepo_verl.core.mask import entropy_falling, kl_mask, required_inputs
+from tepo_verl.core.mask import entropy_falling, required_inputs
 from tepo_verl.core.options import TepoOptions
-from tepo_verl.core.ratio import prefix_log_ratio, sequence_log_ratio, straight_through_log_ratio
+from tepo_verl.core.ratio import prefix_log_ratio, sequence_log_ratio, straight_through_log_ratio, token_log_ratio
 
 __all__ = [
     "KL_ESTIMATORS",
@@ -14,11 +14,11 @@ __all__ = [
     "entropy_falling",
     "group_relative_advantage",
     "kl_estimate",
-    "kl_mask",
     "prefix_log_ratio",
     "required_inputs",
     "sequence_log_ratio",
     "straight_through_log_ratio",
     "tepo_policy_loss",
+    "token_log_ratio",
     "token_mean",
 ]

@@ -18,10 +18,10 @@ from collections.abc import Callable
 
 import torch
 
-from tepo_verl.core.kl import kl_estimate
-from tepo_verl.core.mask import entropy_falling, kl_mask, required_inputs
+from tepo_verl.core.kl import kl_estimate_and_grad
+from tepo_verl.core.mask import entropy_falling, required_inputs
 from tepo_verl.core.options import TepoOptions
-from tepo_verl.core.ratio import prefix_log_ratio, sequence_log_ratio, straight_through_log_ratio
+from tepo_verl.core.ratio import prefix_log_ratio, sequence_log_ratio, token_log_ratio
 
 Aggregator = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (loss_mat (B,T), mask (B,T)) -> scalar
 
@@ -68,11 +68,23 @@ class TepoLossOutput:
     metrics: dict[str, float]
 
 
-def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
-    count = mask.sum()
-    if count == 0:
-        return 0.0
-    return float(torch.where(mask, values, torch.zeros_like(values)).sum() / count)
+class _PerTokenLoss(torch.autograd.Function):
+    """token_loss with gradient grad_out * coef w.r.t. log_prob.
+
+    With the straight-through ratio, every per-token loss depends on the current policy only through the token's
+    own log-prob, so its gradient is one coefficient per token. Computing that coefficient in closed form keeps a
+    single (B, T) tensor for backward instead of autograd's graph of about ten (see benchmarks/loss_cost.py)."""
+
+    @staticmethod
+    def forward(ctx, log_prob, token_loss, coef):
+        ctx.save_for_backward(coef)
+        ctx.log_prob_dtype = log_prob.dtype
+        return token_loss
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (coef,) = ctx.saved_tensors
+        return (grad_out * coef).to(ctx.log_prob_dtype), None, None
 
 
 def tepo_policy_loss(
@@ -90,7 +102,12 @@ def tepo_policy_loss(
     rollout_is_weights: torch.Tensor | None = None,  # (B, T) rollout-correction IS weights
     aggregate: Aggregator = token_mean,
 ) -> TepoLossOutput:
-    """TEPO loss and metrics for one micro-batch. See the module docstring for the formula."""
+    """TEPO loss and metrics for one micro-batch. See the module docstring for the formula.
+
+    The per-token values and their straight-through derivatives d loss_it / d l_it are computed without autograd
+    (the derivative conventions at ties and clamps are autograd's, so gradients equal those of the plain
+    autograd formulation in tests/tepo_reference.py); the aggregation runs under autograd.
+    """
     if not (log_prob.shape == old_log_prob.shape == advantages.shape == response_mask.shape):
         raise ValueError(
             f"shape mismatch: log_prob {tuple(log_prob.shape)}, old_log_prob {tuple(old_log_prob.shape)}, "
@@ -103,93 +120,116 @@ def tepo_policy_loss(
 
     # Compute in at least float32 (bf16 inputs are upcast; float64 stays float64).
     dtype = torch.promote_types(log_prob.dtype, torch.float32)
-    valid = response_mask.bool()  # (B, T)
-    log_prob = log_prob.to(dtype)
-    old_log_prob = old_log_prob.to(dtype).detach()
-    advantages = advantages.to(dtype).detach()
 
-    # Spec 2: sequence (or prefix) log-ratio, carried by each token in straight-through form.
-    seq_log_ratio = sequence_log_ratio(log_prob, old_log_prob, valid)  # (B,)
-    if options.ratio_mode == "sequence":
-        log_ratio = seq_log_ratio  # (B,)
-    else:
-        log_ratio = prefix_log_ratio(log_prob, old_log_prob, valid)  # (B, T)
-    log_ratio_tok = straight_through_log_ratio(log_ratio, log_prob)  # (B, T)
-    log_ratio_tok = torch.clamp(log_ratio_tok, max=options.log_ratio_clamp)  # verl's GSPO clamp
-    ratio = torch.exp(log_ratio_tok)  # (B, T)
+    def upcast(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t.detach().to(dtype)
 
-    # Spec 3: clipped surrogate.
-    pg_unclipped = -advantages * ratio  # (B, T)
-    pg_clipped = -advantages * torch.clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)  # (B, T)
-    pg = torch.maximum(pg_unclipped, pg_clipped)  # (B, T)
-    if rollout_is_weights is not None:
-        pg = pg * rollout_is_weights.to(dtype).detach()
+    with torch.no_grad():
+        valid = response_mask.bool()  # (B, T)
+        l, l_old = upcast(log_prob), upcast(old_log_prob)  # (B, T) each
+        # A with exact zeros on padding, so padding contributes 0 to the loss and its gradient whatever it holds.
+        adv = torch.where(valid, upcast(advantages), 0.0)  # (B, T)
+        positive, negative = adv > 0, adv < 0  # (B, T) bool each
 
-    # Spec 5: KL mask and penalty.
-    falling = entropy_falling(
-        rule,
-        log_prob.detach(),
-        old_log_prob,
-        None if entropy is None else entropy.detach().to(dtype),
-        None if old_entropy is None else old_entropy.detach().to(dtype),
-    )  # (B, T) bool
-    mask = kl_mask(advantages, valid, falling)  # (B, T) bool
-    if options.kl_target == "old":
-        target = old_log_prob
-    else:
-        target = None if ref_log_prob is None else ref_log_prob.to(dtype).detach()
-    if options.mask_rule == "off" or target is None:
-        kl = torch.zeros_like(log_prob)  # (B, T)
-    else:
-        kl = kl_estimate(log_prob, target, options.kl_estimator)  # (B, T)
-    if options.mask_action == "penalty":
-        token_loss = pg + options.kl_coef * torch.where(mask, kl, torch.zeros_like(kl))
-    else:
-        token_loss = torch.where(mask, torch.zeros_like(pg), pg)
-    token_loss = torch.where(valid, token_loss, torch.zeros_like(token_loss))  # padding never leaks NaN/Inf
+        # Spec 2: log s_it = sg[log s] + l_it - sg[l_it] has the value of the sequence (or prefix) log-ratio and
+        # derivative 1 w.r.t. l_it (0 where the GSPO clamp cuts it). Sequence mode keeps it per row: (B, 1).
+        tok_log_ratio = token_log_ratio(l, l_old, valid)  # (B, T)
+        lengths = valid.sum(dim=-1)  # (B,)
+        seq_log_ratio = sequence_log_ratio(tok_log_ratio, valid)  # (B,)
+        if options.ratio_mode == "sequence":
+            log_ratio = seq_log_ratio.unsqueeze(-1)  # (B, 1)
+        else:
+            log_ratio = prefix_log_ratio(tok_log_ratio, valid)  # (B, T)
+        ratio = torch.exp(torch.clamp(log_ratio, max=options.log_ratio_clamp))  # s: (B, 1) or (B, T)
+        dratio = torch.where(log_ratio <= options.log_ratio_clamp, ratio, 0.0)  # ds/dl
 
+        # Spec 3: pg = max(-A s, -A clip(s)) = -A min(s, clip(s)) for A > 0 and -A max(s, clip(s)) for A < 0.
+        # The unclipped branch wins (torch.maximum: ties split evenly, summing to the same) iff s <= 1 + e_high
+        # (A > 0) or s >= 1 - e_low (A < 0); there d pg / d l = -A ds/dl, elsewhere 0.
+        low, high = 1 - clip_ratio_low, 1 + clip_ratio_high
+        clipped_ratio = torch.clamp(ratio, low, high)
+        effective = torch.where(positive, torch.minimum(ratio, clipped_ratio), torch.maximum(ratio, clipped_ratio))
+        pg = -adv * effective  # (B, T)
+        clipped = torch.where(positive, ratio > high, negative & (ratio < low))  # (B, T) bool
+        dpg = torch.where(clipped, 0.0, -adv * dratio)  # (B, T)
+        if rollout_is_weights is not None:
+            weights = upcast(rollout_is_weights)
+            pg, dpg = pg * weights, dpg * weights
+
+        # Spec 5: KL mask (A > 0 already excludes padding) and its penalty, or the dropped policy term.
+        falling = entropy_falling(rule, l, l_old, upcast(entropy), upcast(old_entropy))  # (B, T) bool
+        mask = positive & falling  # (B, T) bool
+        target = l_old if options.kl_target == "old" else upcast(ref_log_prob)
+        masked_kl = None
+        if options.mask_rule == "off" or target is None:
+            token_loss, coef = pg, dpg
+        elif options.mask_action == "penalty":
+            kl, dkl = kl_estimate_and_grad(l, target, options.kl_estimator)  # (B, T) each
+            masked_kl = torch.where(mask, kl, 0.0)
+            token_loss = pg.add(masked_kl, alpha=options.kl_coef)
+            coef = dpg.add(torch.where(mask, dkl, 0.0), alpha=options.kl_coef)
+        else:
+            masked_kl = torch.where(mask, kl_estimate_and_grad(l, target, options.kl_estimator)[0], 0.0)
+            token_loss, coef = torch.where(mask, 0.0, pg), torch.where(mask, 0.0, dpg)
+
+        metrics = _metrics(valid, lengths, mask, masked_kl, seq_log_ratio, options, clipped, negative,
+                           upcast(entropy), upcast(old_entropy))
+
+    token_loss = _PerTokenLoss.apply(log_prob, token_loss, coef) if log_prob.requires_grad else token_loss
     # Spec 4: token-level aggregation (injected).
     loss = aggregate(token_loss, valid)
-
-    metrics = _metrics(
-        valid, mask, kl, seq_log_ratio, options, pg_clipped, pg_unclipped, advantages, log_prob, old_log_prob,
-        entropy, old_entropy,
-    )
     return TepoLossOutput(
         loss=loss,
         token_loss=token_loss,
         mask=mask,
-        seq_ratio=torch.exp(torch.clamp(seq_log_ratio.detach(), max=options.log_ratio_clamp)),
+        seq_ratio=torch.exp(torch.clamp(seq_log_ratio, max=options.log_ratio_clamp)),
         mask_rule=rule,
         mask_fallback_used=fell_back,
         metrics=metrics,
     )
 
 
-def _metrics(
-    valid, mask, kl, seq_log_ratio, options, pg_clipped, pg_unclipped, advantages, log_prob, old_log_prob,
-    entropy, old_entropy,
-) -> dict[str, float]:
-    """Spec 6 metrics for this micro-batch (all plain floats, 0 where undefined)."""
-    with torch.no_grad():
-        nonempty = valid.any(dim=-1)  # (B,)
-        seq_ratio = torch.exp(torch.clamp(seq_log_ratio, max=options.log_ratio_clamp))[nonempty]  # (B',)
-        clipped = pg_clipped > pg_unclipped  # (B, T)
-        seq_clipped = (clipped & valid).any(dim=-1)[nonempty]  # (B',)
-        n_valid = int(valid.sum())
-        metrics = {
-            "mask_frac": float(mask.sum()) / n_valid if n_valid else 0.0,
-            "masked_kl_mean": _masked_mean(kl, mask),
-            "seq_ratio_mean": float(seq_ratio.mean()) if seq_ratio.numel() else 1.0,
-            "seq_ratio_min": float(seq_ratio.min()) if seq_ratio.numel() else 1.0,
-            "seq_ratio_max": float(seq_ratio.max()) if seq_ratio.numel() else 1.0,
-            "seq_clipfrac": float(seq_clipped.sum()) / seq_clipped.numel() if seq_clipped.numel() else 0.0,
-            "token_clipfrac": _masked_mean(clipped.to(log_prob.dtype), valid),
-            "token_clipfrac_lower": _masked_mean((clipped & (advantages < 0)).to(log_prob.dtype), valid),
-            "ppo_kl": _masked_mean(old_log_prob - log_prob, valid),
-        }
-        if entropy is not None:
-            metrics["entropy"] = _masked_mean(entropy.to(log_prob.dtype), valid)
-            if old_entropy is not None:
-                metrics["entropy_delta"] = _masked_mean((entropy - old_entropy).to(log_prob.dtype), valid)
+def _metrics(valid, lengths, mask, masked_kl, seq_log_ratio, options, clipped, negative, entropy, old_entropy):
+    """Spec 6 metrics for this micro-batch (plain floats, 0 where undefined), read with one device sync."""
+    dtype = seq_log_ratio.dtype
+    nonempty = lengths > 0  # (B,)
+    seq_ratio = torch.exp(torch.clamp(seq_log_ratio, max=options.log_ratio_clamp))[nonempty]  # (B',)
+    one = torch.ones((), dtype=dtype, device=seq_log_ratio.device)
+    sums = {
+        "n_valid": lengths.sum(),
+        "n_masked": mask.sum(),
+        "kl_masked": one * 0 if masked_kl is None else masked_kl.sum(),
+        "n_seq": nonempty.sum(),
+        "n_seq_clipped": clipped.any(dim=-1).sum(),
+        "n_clipped": clipped.sum(),
+        "n_clipped_lower": (clipped & negative).sum(),
+        "old_minus_new": -(seq_log_ratio * lengths).sum(),
+        "ratio_sum": seq_ratio.sum(),
+        "ratio_min": seq_ratio.min() if seq_ratio.numel() else one,
+        "ratio_max": seq_ratio.max() if seq_ratio.numel() else one,
+    }
+    if entropy is not None:
+        sums["entropy"] = torch.where(valid, entropy, 0.0).sum()
+        if old_entropy is not None:
+            sums["old_entropy"] = torch.where(valid, old_entropy, 0.0).sum()
+    v = dict(zip(sums, torch.stack([t.to(dtype) for t in sums.values()]).tolist()))
+
+    def ratio(num: float, den: float, empty: float = 0.0) -> float:
+        return num / den if den else empty
+
+    metrics = {
+        "mask_frac": ratio(v["n_masked"], v["n_valid"]),
+        "masked_kl_mean": ratio(v["kl_masked"], v["n_masked"]),
+        "seq_ratio_mean": ratio(v["ratio_sum"], v["n_seq"], 1.0),
+        "seq_ratio_min": v["ratio_min"],
+        "seq_ratio_max": v["ratio_max"],
+        "seq_clipfrac": ratio(v["n_seq_clipped"], v["n_seq"]),
+        "token_clipfrac": ratio(v["n_clipped"], v["n_valid"]),
+        "token_clipfrac_lower": ratio(v["n_clipped_lower"], v["n_valid"]),
+        "ppo_kl": ratio(v["old_minus_new"], v["n_valid"]),
+    }
+    if "entropy" in v:
+        metrics["entropy"] = ratio(v["entropy"], v["n_valid"])
+        if "old_entropy" in v:
+            metrics["entropy_delta"] = ratio(v["entropy"] - v["old_entropy"], v["n_valid"])
     return metrics

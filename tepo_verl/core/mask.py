@@ -1,5 +1,7 @@
 """The token-level KL mask M_it = [A_i > 0] and [entropy falling at (i, t)] and [valid] (spec "Reconstruction" 5).
 
+`entropy_falling` decides the middle factor; `tepo_policy_loss` combines it with A > 0 (zero on padding).
+
 Entropy-falling rules (all evaluated without gradient):
 - ``old``:           H_it < H^old_it  (literal reading; empty when current == old, e.g. a first on-policy update)
 - ``surprisal``:     l_it + H_it > 0  (sampled token more likely than the policy's average: raising it lowers
@@ -49,11 +51,3 @@ def entropy_falling(
         if rule == "surprisal_old":
             return old_log_prob + old_entropy > 0
         return torch.zeros_like(log_prob, dtype=torch.bool)
-
-
-def kl_mask(
-    advantages: torch.Tensor,  # (B, T)
-    response_mask: torch.Tensor,  # (B, T)
-    falling: torch.Tensor,  # (B, T) bool from `entropy_falling`
-) -> torch.Tensor:  # (B, T) bool M_it
-    return (advantages > 0) & response_mask.bool() & falling
