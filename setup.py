@@ -9,6 +9,18 @@ from setuptools import find_packages, setup
 # The verl range this plugin is tested against; `tepo_verl.verl_adapter.version_check` enforces it at run time.
 VERL_REQUIREMENT = "verl>=0.9.1,<0.10"
 
+TRAINER_EXTRAS = [
+    "TransferQueue>=0.1.11,<0.2",
+    "pyzmq",
+    "msgspec",
+    "fastapi",
+    "uvicorn",
+    "cachetools",
+    "mathruler",
+    "qwen-vl-utils",
+    "nvtx",
+]
+
 setup(
     name="tepo-verl",
     version="0.1.0",
@@ -25,9 +37,15 @@ setup(
         "hydra-core>=1.3,<1.4",
         "omegaconf>=2.3,<2.4",
         "packaging",
+        # the comparison report
+        "pandas>=2",
+        "matplotlib>=3.7",
+        "tabulate>=0.9",
     ],
     extras_require={
-        "test": ["pytest>=8", "hypothesis>=6.100"],
+        # What verl 0.9.1's default (v1) trainer imports but does not declare.
+        "trainer": TRAINER_EXTRAS,
+        "test": ["pytest>=8", "hypothesis>=6.100", *TRAINER_EXTRAS],
     },
     entry_points={
         # verl imports every entry point of this group from `import verl` (verl/__init__.py).
