@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# Run verl 0.9.1's real trainer (python -m verl.trainer.main_ppo: FSDP2 actor, vLLM rollout, Ray) with a
+# tepo-verl algorithm preset on a CPU-only machine, on the tiny addition task (tepo_verl/tiny).
+#
+#   ALGO=tepo STEPS=3 bash recipes/cpu.sh [extra verl overrides...]
+#
+# Needs the CPU stack in the active venv (bash tepo_verl/cpu/install_cpu.sh). Env:
+#   ALGO      tepo (default) | grpo | dapo | tepo_nomask  (any preset in tepo_verl/config/algorithm/)
+#   STEPS     training steps (default 3)
+#   RUN_DIR   where logs/checkpoints go (default runs/cpu-$ALGO-<time>); the file logger writes
+#             $RUN_DIR/metrics.jsonl (VERL_FILE_LOGGER_PATH), the console goes to stdout (and $RUN_DIR/console.log)
+#   TINY_DIR  a tiny build to use (default: built or reused from ~/.cache/tepo-verl/tiny, about a minute once)
+#   N         rollouts per prompt (default 4), BATCH prompts per step (default 4)
+#   PYTHON    interpreter (default: python)
+# Extra arguments are passed to verl after the recipe's own, so they override them.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO="$(cd "$HERE/.." && pwd)"
+PY="${PYTHON:-python}"
+ALGO="${ALGO:-tepo}"
+STEPS="${STEPS:-3}"
+N="${N:-4}"
+BATCH="${BATCH:-4}"
+
+PRESET_DIR="$REPO/tepo_verl/config/algorithm"
+VALID=$(cd "$PRESET_DIR" && ls -1 *.yaml | sed 's/\.yaml$//' | sort | paste -sd' ' -)
+if [[ ! -f "$PRESET_DIR/$ALGO.yaml" || ! "$ALGO" =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]]; then
+  echo "recipes/cpu.sh: unknown ALGO='$ALGO'. Valid: ${VALID// /, }" >&2
+  exit 2
+fi
+if ! [[ "$STEPS" =~ ^[1-9][0-9]*$ ]]; then
+  echo "recipes/cpu.sh: STEPS must be a positive integer, got '$STEPS'" >&2
+  exit 2
+fi
+
+RUN_DIR="${RUN_DIR:-$REPO/runs/cpu-$ALGO-$(date +%Y%m%d-%H%M%S)}"
+mkdir -p "$RUN_DIR"
+RUN_DIR="$(cd "$RUN_DIR" && pwd)"
+
+# The CPU mode of the plugin (tepo_verl/cpu) in every process, and the environment it needs.
+export TEPO_VERL_CPU=1
+export VERL_PLATFORM=cpu
+export VERL_ENGINE_DEVICE=cuda            # verl's FSDP engine is registered for cuda/npu; tensors stay on cpu
+export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"   # GiB of KV cache
+export VLLM_CPU_OMP_THREADS_BIND="${VLLM_CPU_OMP_THREADS_BIND:-nobind}"
+export RAY_DEDUP_LOGS=0
+export TOKENIZERS_PARALLELISM=false
+export HYDRA_FULL_ERROR=1
+export VERL_FILE_LOGGER_PATH="${VERL_FILE_LOGGER_PATH:-$RUN_DIR/metrics.jsonl}"
+
+"$PY" -m tepo_verl.cpu.versions >/dev/null || { "$PY" -m tepo_verl.cpu.versions; exit 1; }
+
+if [[ -z "${TINY_DIR:-}" ]]; then
+  TINY_DIR="$("$PY" -m tepo_verl.tiny build --print dir)"
+else
+  "$PY" -m tepo_verl.tiny build --out "$TINY_DIR" --print dir >/dev/null
+fi
+MODEL="$TINY_DIR/model"
+REWARD="$("$PY" -c 'import tepo_verl.tiny.reward as r; print(r.__file__)')"
+
+echo "[cpu.sh] ALGO=$ALGO STEPS=$STEPS RUN_DIR=$RUN_DIR TINY_DIR=$TINY_DIR"
+echo "[cpu.sh] file logger: $VERL_FILE_LOGGER_PATH"
+
+cd "$RUN_DIR"
+set -o pipefail
+"$PY" -m verl.trainer.main_ppo \
+  "algorithm=$ALGO" \
+  data.train_files="$TINY_DIR/data/train.parquet" \
+  data.val_files="$TINY_DIR/data/val.parquet" \
+  data.train_batch_size="$BATCH" \
+  data.max_prompt_length=64 \
+  data.max_response_length=8 \
+  data.filter_overlong_prompts=False \
+  data.dataloader_num_workers=0 \
+  actor_rollout_ref.model.path="$MODEL" \
+  +actor_rollout_ref.model.override_config.attn_implementation=sdpa \
+  actor_rollout_ref.model.use_remove_padding=False \
+  actor_rollout_ref.actor.strategy=fsdp2 \
+  actor_rollout_ref.ref.strategy=fsdp2 \
+  actor_rollout_ref.actor.optim.lr=1e-4 \
+  actor_rollout_ref.actor.ppo_mini_batch_size="$BATCH" \
+  actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=$((BATCH * N)) \
+  actor_rollout_ref.actor.use_dynamic_bsz=False \
+  actor_rollout_ref.actor.fsdp_config.param_offload=False \
+  actor_rollout_ref.actor.fsdp_config.optimizer_offload=False \
+  actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=$((BATCH * N)) \
+  actor_rollout_ref.rollout.name=vllm \
+  actor_rollout_ref.rollout.n="$N" \
+  actor_rollout_ref.rollout.tensor_model_parallel_size=1 \
+  actor_rollout_ref.rollout.dtype=float32 \
+  actor_rollout_ref.rollout.enforce_eager=True \
+  actor_rollout_ref.rollout.free_cache_engine=False \
+  +actor_rollout_ref.rollout.enable_sleep_mode=False \
+  actor_rollout_ref.rollout.max_num_seqs=16 \
+  actor_rollout_ref.rollout.max_num_batched_tokens=512 \
+  actor_rollout_ref.rollout.max_model_len=128 \
+  actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=$((BATCH * N)) \
+  actor_rollout_ref.rollout.agent.num_workers=1 \
+  actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=16 \
+  reward.custom_reward_function.path="$REWARD" \
+  reward.custom_reward_function.name=compute_score \
+  reward.num_workers=1 \
+  trainer.device=cpu \
+  trainer.nnodes=1 \
+  trainer.n_gpus_per_node=1 \
+  trainer.total_training_steps="$STEPS" \
+  trainer.total_epochs=1 \
+  trainer.val_before_train=False \
+  trainer.test_freq=-1 \
+  trainer.save_freq=-1 \
+  trainer.project_name=tepo_verl_cpu \
+  trainer.experiment_name="$ALGO" \
+  trainer.default_local_dir="$RUN_DIR/checkpoints" \
+  'trainer.logger=["console","file"]' \
+  ray_kwargs.ray_init.num_cpus=16 \
+  +ray_kwargs.ray_init.num_gpus=1 \
+  transfer_queue.backend.SimpleStorage.num_data_storage_units=1 \
+  "$@" 2>&1 | tee "$RUN_DIR/console.log"
