@@ -42,12 +42,13 @@ class TinySpec:
     intermediate_size: int = 256
     max_position_embeddings: int = 256
     # data: a + b with a, b drawn from these inclusive ranges
-    a_range: tuple[int, int] = (10, 99)
-    b_range: tuple[int, int] = (10, 99)
-    train_size: int = 2048
-    val_size: int = 256
-    # warm-up
-    warmup_steps: int = 300
+    a_range: tuple[int, int] = (10, 49)
+    b_range: tuple[int, int] = (10, 49)
+    train_size: int = 1024
+    val_size: int = 128
+    # warm-up: 800 steps gives ~27% sampled accuracy; this tiny model learns the task abruptly (~3% at 1000
+    # steps and ~96% at 1500 steps on operands 10..99), so the step count sets where on that curve it starts.
+    warmup_steps: int = 800
     warmup_batch: int = 64
     warmup_lr: float = 3e-3
 

@@ -1,7 +1,7 @@
-"""The synthetic verifiable maths task: multi-digit addition, "What is 37+85?" -> "122".
+"""The synthetic verifiable maths task: multi-digit addition, "What is 37+45?" -> "82".
 
 Rows follow verl's RL dataset schema: data_source, prompt (chat list), ability, reward_model.ground_truth
-(and style), extra_info. The answer has 2-3 digits, i.e. 2-3 tokens with the byte-level tokenizer.
+(and style), extra_info. The answer has 2 digits (3 with operands up to 99), i.e. 2-3 tokens with the byte-level tokenizer.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import random
 
 DATA_SOURCE = "tepo_tiny_addition"
 ABILITY = "math"
-A_RANGE = (10, 99)  # first operand, inclusive
-B_RANGE = (10, 99)  # second operand, inclusive
+A_RANGE = (10, 49)  # first operand, inclusive (TinySpec overrides)
+B_RANGE = (10, 49)  # second operand, inclusive
 
 
 def question(a: int, b: int) -> str:
