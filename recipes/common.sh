@@ -6,7 +6,7 @@
 # Environment (defaults in brackets):
 #   ALGO            tepo | grpo | dapo | tepo_nomask                                      [tepo]
 #   MODEL_PATH      HF hub id or local folder                                             [the recipe's model]
-#   DATA_DIR        folder written by `python -m tepo_verl.data prepare-all`              [$HOME/data/tepo-verl]
+#   DATA_DIR        folder of `python -m tepo_verl.data convert dapo_math_17k eval --out-dir DIR`  [$HOME/data/tepo-verl]
 #   TRAIN_FILES     training parquet(s), a Hydra list is fine                             [$DATA_DIR/dapo_math_17k.parquet]
 #   VAL_FILES       validation parquets (the benchmark suite)                              [six eval sets in $DATA_DIR]
 #   NNODES, GPUS_PER_NODE                                                                  [1, 8]
