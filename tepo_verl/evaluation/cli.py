@@ -1,4 +1,4 @@
-"""`python -m tepo_verl.evaluation` (or `tepo-verl evaluation`): score saved generations per benchmark.
+"""`python -m tepo_verl.evaluation` (or `tepo-verl eval`): score saved generations per benchmark.
 
     python -m tepo_verl.evaluation VAL_DIR_OR_JSONL... --datasets data/val.parquet --out-dir results/
 
