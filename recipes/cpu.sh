@@ -7,8 +7,13 @@
 # Needs the CPU stack in the active venv (bash tepo_verl/cpu/install_cpu.sh). Env:
 #   ALGO      tepo (default) | grpo | dapo | tepo_nomask  (any preset in tepo_verl/config/algorithm/)
 #   STEPS     training steps (default 3)
-#   RUN_DIR   where logs/checkpoints go (default runs/cpu-$ALGO-<time>); the file logger writes
+#   SEED      seed of the data order, the rollout sampler and the actor (default 1)
+#   RUNS_ROOT folder holding every CPU run, compared at the end (default runs/cpu)
+#   RUN_DIR   this run's folder (default $RUNS_ROOT/$ALGO-seed$SEED); the file logger writes
 #             $RUN_DIR/metrics.jsonl (VERL_FILE_LOGGER_PATH), the console goes to stdout (and $RUN_DIR/console.log)
+#   TEST_FREQ validate every N steps (default 5; also before training and at the last step)
+#   MINI      prompts per PPO mini-batch (default BATCH/2: two updates per step, the second one off-policy,
+#             so the ratio, clipping and KL mask see current != old as on a GPU cluster)
 #   TINY_DIR  a tiny build to use (default: built or reused from ~/.cache/tepo-verl/tiny, about a minute once)
 #   N         rollouts per prompt (default 4), BATCH prompts per step (default 4)
 #   PYTHON    interpreter (default: python)
@@ -22,6 +27,9 @@ ALGO="${ALGO:-tepo}"
 STEPS="${STEPS:-3}"
 N="${N:-4}"
 BATCH="${BATCH:-4}"
+MINI="${MINI:-$(( BATCH > 1 ? BATCH / 2 : 1 ))}"
+SEED="${SEED:-1}"
+TEST_FREQ="${TEST_FREQ:-5}"
 
 PRESET_DIR="$REPO/tepo_verl/config/algorithm"
 VALID=$(cd "$PRESET_DIR" && ls -1 *.yaml | sed 's/\.yaml$//' | sort | paste -sd' ' -)
@@ -34,9 +42,15 @@ if ! [[ "$STEPS" =~ ^[1-9][0-9]*$ ]]; then
   exit 2
 fi
 
-RUN_DIR="${RUN_DIR:-$REPO/runs/cpu-$ALGO-$(date +%Y%m%d-%H%M%S)}"
+if [[ -n "${RUN_DIR:-}" ]]; then
+  RUNS_ROOT="${RUNS_ROOT:-$(dirname "$RUN_DIR")}"
+else
+  RUNS_ROOT="${RUNS_ROOT:-$REPO/runs/cpu}"
+  RUN_DIR="$RUNS_ROOT/$ALGO-seed$SEED"
+fi
 mkdir -p "$RUN_DIR"
 RUN_DIR="$(cd "$RUN_DIR" && pwd)"
+RUNS_ROOT="$(cd "$RUNS_ROOT" && pwd)"
 
 # The CPU mode of the plugin (tepo_verl/cpu) in every process, and the environment it needs.
 export TEPO_VERL_CPU=1
@@ -69,6 +83,7 @@ set -o pipefail
   data.train_files="$TINY_DIR/data/train.parquet" \
   data.val_files="$TINY_DIR/data/val.parquet" \
   data.train_batch_size="$BATCH" \
+  data.seed="$SEED" \
   data.max_prompt_length=64 \
   data.max_response_length=8 \
   data.filter_overlong_prompts=False \
@@ -79,8 +94,10 @@ set -o pipefail
   actor_rollout_ref.actor.strategy=fsdp2 \
   actor_rollout_ref.ref.strategy=fsdp2 \
   actor_rollout_ref.actor.optim.lr=1e-4 \
-  actor_rollout_ref.actor.ppo_mini_batch_size="$BATCH" \
-  actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=$((BATCH * N)) \
+  actor_rollout_ref.actor.ppo_mini_batch_size="$MINI" \
+  actor_rollout_ref.actor.data_loader_seed="$SEED" \
+  actor_rollout_ref.rollout.seed="$SEED" \
+  actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=$((MINI * N)) \
   actor_rollout_ref.actor.use_dynamic_bsz=False \
   actor_rollout_ref.actor.fsdp_config.param_offload=False \
   actor_rollout_ref.actor.fsdp_config.optimizer_offload=False \
@@ -106,14 +123,18 @@ set -o pipefail
   trainer.n_gpus_per_node=1 \
   trainer.total_training_steps="$STEPS" \
   trainer.total_epochs=1 \
-  trainer.val_before_train=False \
-  trainer.test_freq=-1 \
+  trainer.val_before_train=True \
+  trainer.test_freq="$TEST_FREQ" \
   trainer.save_freq=-1 \
   trainer.project_name=tepo_verl_cpu \
-  trainer.experiment_name="$ALGO" \
+  trainer.experiment_name="$(basename "$RUN_DIR")" \
   trainer.default_local_dir="$RUN_DIR/checkpoints" \
   'trainer.logger=["console","file"]' \
   ray_kwargs.ray_init.num_cpus=16 \
   +ray_kwargs.ray_init.num_gpus=1 \
   transfer_queue.backend.SimpleStorage.num_data_storage_units=1 \
   "$@" 2>&1 | tee "$RUN_DIR/console.log"
+
+# The comparison table over every run under RUNS_ROOT (run other ALGO/SEED values to fill it in).
+echo "[cpu.sh] comparison of the runs under $RUNS_ROOT:"
+"$PY" -m tepo_verl.report.compare "$RUNS_ROOT" --out "$RUNS_ROOT/compare"

@@ -59,7 +59,7 @@ def _metric(data: dict, name: str):
 
 @pytest.fixture(scope="module")
 def tepo_run(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("cpu-tepo")
+    run_dir = tmp_path_factory.mktemp("cpu-runs") / "tepo-seed1"  # the recipe's own naming: <algo>-seed<n>
     env = dict(os.environ, ALGO="tepo", STEPS=str(STEPS), RUN_DIR=str(run_dir), PYTHON=sys.executable)
     env.pop("VERL_FILE_LOGGER_PATH", None)
     proc = subprocess.run(
@@ -71,13 +71,17 @@ def tepo_run(tmp_path_factory):
     assert proc.returncode == 0, f"recipes/cpu.sh failed (rc={proc.returncode}):\n{console[-6000:]}"
     jsonl = run_dir / "metrics.jsonl"
     assert jsonl.exists(), f"verl's file logger wrote nothing at {jsonl}:\n{console[-3000:]}"
-    records = [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
-    return {"dir": run_dir, "console": console, "records": records}
+    logged = [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
+    records = [record for record in logged if record["step"] >= 1]  # step 0: validation before training
+    return {"dir": run_dir, "console": console, "records": records, "logged": logged}
 
 
 def test_every_step_logged(tepo_run):
-    steps = [record["step"] for record in tepo_run["records"]]
-    assert steps == list(range(1, STEPS + 1)), steps
+    steps = [record["step"] for record in tepo_run["logged"]]
+    assert steps == list(range(0, STEPS + 1)), steps
+    # validation before training and at the last step, as verl's core validation metric
+    for record in (tepo_run["logged"][0], tepo_run["logged"][-1]):
+        assert any(k.startswith("val-core/") and k.endswith("/acc/mean@1") for k in record["data"]), record
 
 
 def test_tepo_estimator_ran_in_trainer(tepo_run):
@@ -86,6 +90,9 @@ def test_tepo_estimator_ran_in_trainer(tepo_run):
     assert re.search(r"'adv_estimator': 'tepo'", console), "trainer config does not select adv_estimator=tepo"
     assert re.search(r"'loss_mode': 'tepo'", console)
     assert "tepo-verl failed to load" not in console and "[tepo-verl] ERROR" not in console
+    # the estimator itself announces that it ran, from the trainer process
+    assert re.search(r"\(TaskRunnerV1 pid=\d+\)\S* \[tepo-verl\] advantage estimator 'tepo' ran: 16 responses in 4 groups",
+                     console), "no line from the tepo advantage estimator in the trainer's console"
     for record in tepo_run["records"]:
         data = record["data"]
         # the advantage step ran (timed by the trainer) and produced finite advantages
@@ -113,6 +120,24 @@ def test_configured_mask_rule_ran_on_stored_entropies(tepo_run):
         # no other rule was used in any micro-batch
         others = [k for k in data if "tepo/mask_rule/" in k and not k.endswith("/surprisal")]
         assert not others, others
+        # the old-policy entropy the trainer stored reached the loss (entropy_delta needs it)
+        assert _metric(data, "tepo/entropy_delta") is not None
+
+
+def test_off_policy_mini_batches_exercise_ratio_clip_and_kl(tepo_run):
+    """The recipe's second mini-batch per step is off-policy: ratios move off 1 and the masked KL is positive."""
+    records = tepo_run["records"]
+    assert any(_metric(r["data"], "tepo/seq_ratio_min") < 1.0 < _metric(r["data"], "tepo/seq_ratio_max")
+               for r in records)
+    assert any(_metric(r["data"], "tepo/masked_kl_mean") > 0 for r in records)
+    assert any(_metric(r["data"], "tepo/seq_clipfrac") > 0 for r in records)
+
+
+def test_recipe_ends_with_the_comparison_table(tepo_run):
+    console = tepo_run["console"]
+    assert "[cpu.sh] comparison of the runs under" in console
+    assert re.search(r"\| tepo +\| +1 \| +3 \|", console), "no comparison-table row for the tepo run"
+    assert (tepo_run["dir"].parent / "compare" / "compare.csv").exists()
 
 
 def test_console_shows_training_progress(tepo_run):

@@ -8,7 +8,7 @@ import math
 import pandas as pd
 import pytest
 
-from tepo_verl.report.compare import auto_target, main, steps_to_target, summarize
+from tepo_verl.report.compare import auto_target, default_reference, main, steps_to_target, summarize
 from tepo_verl.report.runs import default_label, load_runs
 
 VAL = {  # label, seed -> validation accuracy at steps 0, 5, 10, 15, 20
@@ -50,6 +50,10 @@ def runs_dir(tmp_path):
 def test_labels_and_steps_to_target():
     assert default_label(__import__("pathlib").Path("tepo-seed12.jsonl")) == "tepo"
     assert default_label(__import__("pathlib").Path("dapo_s3.jsonl")) == "dapo"
+    assert default_label(__import__("pathlib").Path("runs/cpu/grpo-seed2/metrics.jsonl")) == "grpo"
+    assert default_reference(["grpo", "tepo-qwen2.5-math-1.5b", "tepo_nomask-qwen2.5-math-1.5b"]) == \
+        "tepo-qwen2.5-math-1.5b"
+    assert default_reference(["grpo", "dapo"]) is None
     assert steps_to_target([(0, 0.1), (5, 0.5), (10, 0.4)], 0.5) == 5
     assert steps_to_target([(0, 0.1)], 0.5) is None
 

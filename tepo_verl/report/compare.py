@@ -105,10 +105,19 @@ def summarize(runs: list[Run], target: float) -> pd.DataFrame:
     return pd.DataFrame(rows).sort_values("algorithm", kind="stable").reset_index(drop=True)
 
 
-def step_ratios(table: pd.DataFrame, reference: str) -> dict[str, float]:
+def default_reference(labels) -> str | None:
+    """`tepo`, or the one label that starts with `tepo-` (the GPU recipes' `tepo-<model>`), else None."""
+    labels = list(labels)
+    if "tepo" in labels:
+        return "tepo"
+    candidates = [label for label in labels if label.startswith("tepo-")]
+    return candidates[0] if len(candidates) == 1 else None
+
+
+def step_ratios(table: pd.DataFrame, reference: str | None) -> dict[str, float]:
     """steps_to_target(reference) / steps_to_target(other) for every other algorithm (< 1: reference is faster)."""
     by_label = table.set_index("algorithm")["steps_to_target"]
-    if reference not in by_label:
+    if reference is None or reference not in by_label:
         return {}
     return {other: by_label[reference] / value for other, value in by_label.items()
             if other != reference and value and not math.isnan(value)}
@@ -164,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
                         "(default label: the file name without a -seedN suffix)")
     parser.add_argument("--target", type=float, default=None,
                         help="validation accuracy to reach (default: 90%% of the lowest best mean accuracy)")
-    parser.add_argument("--reference", default="tepo", help="algorithm whose steps-to-target ratios are reported")
+    parser.add_argument("--reference", default=None,
+                        help="algorithm whose steps-to-target ratios are reported (default: tepo, or tepo-<model>)")
     parser.add_argument("--out", type=Path, default=Path("compare"), help="folder for compare.md/.csv and PNGs")
     parser.add_argument("--no-plots", action="store_true")
     args = parser.parse_args(argv)
@@ -172,8 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     runs = load_runs(args.runs)
     target = auto_target(runs) if args.target is None else args.target
     table = summarize(runs, target)
-    ratios = step_ratios(table, args.reference)
-    text = render(table, target, ratios, args.reference)
+    reference = args.reference or default_reference(table["algorithm"])
+    ratios = step_ratios(table, reference)
+    text = render(table, target, ratios, reference)
     args.out.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out / "compare.csv", index=False)
     (args.out / "compare.md").write_text(text, encoding="utf-8")

@@ -48,8 +48,10 @@ def _finite(value) -> bool:
 
 
 def default_label(path: Path) -> str:
-    """`tepo-seed1.jsonl` -> `tepo`: the file stem without a trailing seed suffix."""
-    return _SEED_SUFFIX.sub("", path.stem) or path.stem
+    """The run's name without a trailing seed suffix: `tepo-seed1.jsonl` -> `tepo`, and for the recipes'
+    `<experiment>/metrics.jsonl` the folder name: `runs/cpu/grpo-seed2/metrics.jsonl` -> `grpo`."""
+    name = path.parent.name if path.stem == "metrics" and path.parent.name else path.stem
+    return _SEED_SUFFIX.sub("", name) or name
 
 
 def parse_run_spec(spec: str) -> list[tuple[str | None, Path]]:
