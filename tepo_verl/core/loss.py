@@ -134,7 +134,7 @@ def tepo_policy_loss(
         # Spec 2: log s_it = sg[log s] + l_it - sg[l_it] has the value of the sequence (or prefix) log-ratio and
         # derivative 1 w.r.t. l_it (0 where the GSPO clamp cuts it). Sequence mode keeps it per row: (B, 1).
         tok_log_ratio = token_log_ratio(l, l_old, valid)  # (B, T)
-        lengths = valid.sum(dim=-1)  # (B,)
+        lengths = torch.count_nonzero(valid, dim=-1)  # (B,)
         seq_log_ratio = sequence_log_ratio(tok_log_ratio, valid)  # (B,)
         if options.ratio_mode == "sequence":
             log_ratio = seq_log_ratio.unsqueeze(-1)  # (B, 1)
@@ -143,37 +143,42 @@ def tepo_policy_loss(
         ratio = torch.exp(torch.clamp(log_ratio, max=options.log_ratio_clamp))  # s: (B, 1) or (B, T)
         dratio = torch.where(log_ratio <= options.log_ratio_clamp, ratio, 0.0)  # ds/dl
 
-        # Spec 3: pg = max(-A s, -A clip(s)) = -A min(s, clip(s)) for A > 0 and -A max(s, clip(s)) for A < 0.
-        # The unclipped branch wins (torch.maximum: ties split evenly, summing to the same) iff s <= 1 + e_high
-        # (A > 0) or s >= 1 - e_low (A < 0); there d pg / d l = -A ds/dl, elsewhere 0.
+        # Spec 3: pg = max(-A s, -A clip(s)) = A * (-min(s, clip(s))) for A > 0 and A * (-max(s, clip(s))) for
+        # A < 0. The unclipped branch wins (torch.maximum: ties split evenly, summing to the same) unless
+        # s > 1 + e_high (A > 0) or s < 1 - e_low (A < 0); there d pg / d l = -A ds/dl, elsewhere 0.
+        # Everything but the final select-and-multiply stays per row in sequence mode.
         low, high = 1 - clip_ratio_low, 1 + clip_ratio_high
         clipped_ratio = torch.clamp(ratio, low, high)
-        effective = torch.where(positive, torch.minimum(ratio, clipped_ratio), torch.maximum(ratio, clipped_ratio))
-        pg = -adv * effective  # (B, T)
-        clipped = torch.where(positive, ratio > high, negative & (ratio < low))  # (B, T) bool
-        dpg = torch.where(clipped, 0.0, -adv * dratio)  # (B, T)
+        clip_pos, clip_neg = ratio > high, ratio < low  # (B, 1) or (B, T) bool
+        pg = adv * torch.where(positive, -torch.minimum(ratio, clipped_ratio), -torch.maximum(ratio, clipped_ratio))
+        dpg = adv * torch.where(positive, torch.where(clip_pos, 0.0, -dratio), torch.where(clip_neg, 0.0, -dratio))
         if rollout_is_weights is not None:
             weights = upcast(rollout_is_weights)
             pg, dpg = pg * weights, dpg * weights
 
-        # Spec 5: KL mask (A > 0 already excludes padding) and its penalty, or the dropped policy term.
-        falling = entropy_falling(rule, l, l_old, upcast(entropy), upcast(old_entropy))  # (B, T) bool
-        mask = positive & falling  # (B, T) bool
+        # Spec 5: KL mask (A > 0 already excludes padding), then the penalty or the dropped policy term, computed
+        # on the masked tokens only.
         target = l_old if options.kl_target == "old" else upcast(ref_log_prob)
-        masked_kl = None
+        masked = None  # indices of M
+        kl_masked = None  # (|M|,) D on M
         if options.mask_rule == "off" or target is None:
+            mask = torch.zeros_like(valid)
             token_loss, coef = pg, dpg
-        elif options.mask_action == "penalty":
-            kl, dkl = kl_estimate_and_grad(l, target, options.kl_estimator)  # (B, T) each
-            masked_kl = torch.where(mask, kl, 0.0)
-            token_loss = pg.add(masked_kl, alpha=options.kl_coef)
-            coef = dpg.add(torch.where(mask, dkl, 0.0), alpha=options.kl_coef)
         else:
-            masked_kl = torch.where(mask, kl_estimate_and_grad(l, target, options.kl_estimator)[0], 0.0)
-            token_loss, coef = torch.where(mask, 0.0, pg), torch.where(mask, 0.0, dpg)
+            falling = entropy_falling(rule, l, l_old, upcast(entropy), upcast(old_entropy))  # (B, T) bool
+            mask = positive & falling  # (B, T) bool
+            masked = mask.nonzero(as_tuple=True)
+            kl_masked, dkl_masked = kl_estimate_and_grad(l[masked], target[masked], options.kl_estimator)
+            token_loss, coef = pg, dpg  # fresh tensors: safe to update in place
+            if options.mask_action == "penalty":
+                token_loss.index_put_(masked, options.kl_coef * kl_masked, accumulate=True)
+                coef.index_put_(masked, options.kl_coef * dkl_masked, accumulate=True)
+            else:
+                token_loss[masked] = 0.0
+                coef[masked] = 0.0
 
-        metrics = _metrics(valid, lengths, mask, masked_kl, seq_log_ratio, options, clipped, negative,
-                           upcast(entropy), upcast(old_entropy))
+        metrics = _metrics(valid, lengths, mask, kl_masked, seq_log_ratio, options, positive, negative,
+                           clip_pos, clip_neg, upcast(entropy), upcast(old_entropy))
 
     token_loss = _PerTokenLoss.apply(log_prob, token_loss, coef) if log_prob.requires_grad else token_loss
     # Spec 4: token-level aggregation (injected).
@@ -189,20 +194,32 @@ def tepo_policy_loss(
     )
 
 
-def _metrics(valid, lengths, mask, masked_kl, seq_log_ratio, options, clipped, negative, entropy, old_entropy):
+def _metrics(valid, lengths, mask, kl_masked, seq_log_ratio, options, positive, negative, clip_pos, clip_neg,
+             entropy, old_entropy):
     """Spec 6 metrics for this micro-batch (plain floats, 0 where undefined), read with one device sync."""
     dtype = seq_log_ratio.dtype
     nonempty = lengths > 0  # (B,)
     seq_ratio = torch.exp(torch.clamp(seq_log_ratio, max=options.log_ratio_clamp))[nonempty]  # (B',)
     one = torch.ones((), dtype=dtype, device=seq_log_ratio.device)
+    if clip_pos.shape[-1] == 1:  # per-row clip decisions (sequence mode): count tokens per row
+        n_pos, n_neg = torch.count_nonzero(positive, dim=-1), torch.count_nonzero(negative, dim=-1)  # (B,)
+        cp, cn = clip_pos.squeeze(-1), clip_neg.squeeze(-1)  # (B,)
+        n_clipped_lower = (n_neg * cn).sum()
+        n_clipped = (n_pos * cp).sum() + n_clipped_lower
+        n_seq_clipped = (((n_pos > 0) & cp) | ((n_neg > 0) & cn)).sum()
+    else:
+        clipped_lower = negative & clip_neg  # (B, T)
+        clipped = (positive & clip_pos) | clipped_lower  # (B, T)
+        n_clipped, n_clipped_lower = torch.count_nonzero(clipped), torch.count_nonzero(clipped_lower)
+        n_seq_clipped = clipped.any(dim=-1).sum()
     sums = {
         "n_valid": lengths.sum(),
-        "n_masked": mask.sum(),
-        "kl_masked": one * 0 if masked_kl is None else masked_kl.sum(),
+        "n_masked": torch.count_nonzero(mask),
+        "kl_masked": one * 0 if kl_masked is None else kl_masked.sum(),
         "n_seq": nonempty.sum(),
-        "n_seq_clipped": clipped.any(dim=-1).sum(),
-        "n_clipped": clipped.sum(),
-        "n_clipped_lower": (clipped & negative).sum(),
+        "n_seq_clipped": n_seq_clipped,
+        "n_clipped": n_clipped,
+        "n_clipped_lower": n_clipped_lower,
         "old_minus_new": -(seq_log_ratio * lengths).sum(),
         "ratio_sum": seq_ratio.sum(),
         "ratio_min": seq_ratio.min() if seq_ratio.numel() else one,

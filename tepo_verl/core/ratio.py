@@ -17,7 +17,7 @@ def sequence_log_ratio(
     token_ratio: torch.Tensor,  # (B, T) from token_log_ratio
     response_mask: torch.Tensor,  # (B, T)
 ) -> torch.Tensor:  # (B,) log s_i = (1/|o_i|) sum_t (l_it - l_old_it); 0 for an empty response
-    return token_ratio.sum(dim=-1) / response_mask.sum(dim=-1).clamp(min=1)
+    return token_ratio.sum(dim=-1) / torch.count_nonzero(response_mask, dim=-1).clamp(min=1)
 
 
 def prefix_log_ratio(
