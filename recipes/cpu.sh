@@ -129,6 +129,7 @@ set -o pipefail
   trainer.project_name=tepo_verl_cpu \
   trainer.experiment_name="$(basename "$RUN_DIR")" \
   trainer.default_local_dir="$RUN_DIR/checkpoints" \
+  trainer.validation_data_dir="$RUN_DIR/val_generations" \
   'trainer.logger=["console","file"]' \
   ray_kwargs.ray_init.num_cpus=16 \
   +ray_kwargs.ray_init.num_gpus=1 \

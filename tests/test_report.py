@@ -104,5 +104,12 @@ def test_bad_inputs_are_named(tmp_path):
         load_runs([str(bad)])
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(FileNotFoundError, match="no \\*.jsonl file"):
+    with pytest.raises(FileNotFoundError, match="no verl file-logger \\*.jsonl file"):
         load_runs([str(empty)])
+
+
+def test_folders_pass_over_validation_dumps(runs_dir):
+    dump = runs_dir / "tepo-seed1-extra" / "val_generations"
+    dump.mkdir(parents=True)
+    (dump / "0.jsonl").write_text('{"input": "q", "output": "a", "gts": "a", "score": 1.0, "step": 0}\n')
+    assert sorted({run.label for run in load_runs([str(runs_dir)])}) == ["dapo", "grpo", "tepo"]

@@ -22,14 +22,15 @@ def grade_samples(
 ) -> int:
     """Set `acc` (1.0 or 0.0) and `pred` on every sample; returns how many gradings timed out.
 
-    With `use_saved`, a sample that carries verl's saved `acc` (and `pred`) keeps them (acc > 0 counts as
-    correct) instead of being graded again; samples without them are graded.
+    With `use_saved`, a sample that carries verl's saved `acc` keeps it (acc > 0 counts as correct) instead of
+    being graded again; its saved `pred` is used for majority voting, and where verl saved none (its dumps carry
+    `pred` only when the reward returns one) the answer is still extracted by grading, for the vote only.
+    Samples without a saved `acc` are graded.
     """
     todo = []
     for sample in samples:
-        if use_saved and sample.saved_acc is not None:
-            sample.acc = 1.0 if sample.saved_acc > 0 else 0.0
-            sample.pred = sample.saved_pred or ""
+        if use_saved and sample.saved_acc is not None and sample.saved_pred:
+            sample.acc, sample.pred = (1.0 if sample.saved_acc > 0 else 0.0), sample.saved_pred
         else:
             todo.append(sample)
 
@@ -38,6 +39,8 @@ def grade_samples(
             sample.response, sample.ground_truth, isolation=isolation, timeout_s=timeout_s
         )
         sample.acc, sample.pred = (1.0 if correct else 0.0), pred
+        if use_saved and sample.saved_acc is not None:
+            sample.acc = 1.0 if sample.saved_acc > 0 else 0.0
         return timed_out
 
     with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:

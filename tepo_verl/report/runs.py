@@ -54,14 +54,27 @@ def default_label(path: Path) -> str:
     return _SEED_SUFFIX.sub("", name) or name
 
 
+def is_file_logger_run(path: Path) -> bool:
+    """Whether the first record of a .jsonl file is a file-logger record ({"step": ..., "data": {...}}); verl's
+    validation dumps ({"input", "output", ...}) and other jsonl files are not."""
+    with open(path, encoding="utf-8") as handle:
+        first = next((line for line in handle if line.strip()), "")
+    try:
+        record = json.loads(first)
+    except ValueError:
+        return False
+    return isinstance(record, dict) and "step" in record and isinstance(record.get("data"), dict)
+
+
 def parse_run_spec(spec: str) -> list[tuple[str | None, Path]]:
-    """`LABEL=PATH` or `PATH`; PATH is a .jsonl file or a folder searched for *.jsonl."""
+    """`LABEL=PATH` or `PATH`; PATH is a .jsonl file, or a folder searched for file-logger *.jsonl files (other
+    jsonl files there, such as validation dumps, are passed over)."""
     label, _, path_text = spec.rpartition("=") if "=" in spec else (None, "", spec)
     path = Path(path_text)
     if path.is_dir():
-        files = sorted(path.rglob("*.jsonl"))
+        files = [f for f in sorted(path.rglob("*.jsonl")) if is_file_logger_run(f)]
         if not files:
-            raise FileNotFoundError(f"no *.jsonl file under {path}")
+            raise FileNotFoundError(f"no verl file-logger *.jsonl file under {path}")
         return [(label or None, f) for f in files]
     if not path.is_file():
         raise FileNotFoundError(f"run file {path} does not exist (give a verl file-logger .jsonl or a folder)")
