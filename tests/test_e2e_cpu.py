@@ -164,5 +164,5 @@ def test_evaluation_reads_verls_real_validation_dump(tepo_run):
         row = rows["tepo_tiny_addition"]
         assert int(row["problems"]) == 128 and int(row["n"]) == 1
         tolerance = 0 if extra else 2 / 128  # the maths grader may read an odd output differently
-        assert abs(float(row["avg@n"]) - logged[step]) <= tolerance + 1e-9, (step, row, logged[step])
+        assert abs(float(row["avg@n"]) - logged[step]) <= tolerance + 1e-6, (step, row, logged[step])  # CSV: 6 decimals
         assert float(row["maj@n"]) == float(row["avg@n"])  # one sample per problem: the vote is that sample
