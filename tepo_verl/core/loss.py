@@ -177,7 +177,8 @@ def tepo_policy_loss(
                 token_loss[masked] = 0.0
                 coef[masked] = 0.0
 
-        metrics = _metrics(valid, lengths, mask, kl_masked, seq_log_ratio, options, positive, negative,
+        seq_ratio = torch.exp(torch.clamp(seq_log_ratio, max=options.log_ratio_clamp))  # (B,) s_i
+        metrics = _metrics(valid, lengths, mask, kl_masked, seq_log_ratio, seq_ratio, positive, negative,
                            clip_pos, clip_neg, upcast(entropy), upcast(old_entropy))
 
     token_loss = _PerTokenLoss.apply(log_prob, token_loss, coef) if log_prob.requires_grad else token_loss
@@ -187,19 +188,19 @@ def tepo_policy_loss(
         loss=loss,
         token_loss=token_loss,
         mask=mask,
-        seq_ratio=torch.exp(torch.clamp(seq_log_ratio, max=options.log_ratio_clamp)),
+        seq_ratio=seq_ratio,
         mask_rule=rule,
         mask_fallback_used=fell_back,
         metrics=metrics,
     )
 
 
-def _metrics(valid, lengths, mask, kl_masked, seq_log_ratio, options, positive, negative, clip_pos, clip_neg,
+def _metrics(valid, lengths, mask, kl_masked, seq_log_ratio, seq_ratio, positive, negative, clip_pos, clip_neg,
              entropy, old_entropy):
     """Spec 6 metrics for this micro-batch (plain floats, 0 where undefined), read with one device sync."""
     dtype = seq_log_ratio.dtype
     nonempty = lengths > 0  # (B,)
-    seq_ratio = torch.exp(torch.clamp(seq_log_ratio, max=options.log_ratio_clamp))[nonempty]  # (B',)
+    seq_ratio = seq_ratio[nonempty]  # (B',)
     one = torch.ones((), dtype=dtype, device=seq_log_ratio.device)
     if clip_pos.shape[-1] == 1:  # per-row clip decisions (sequence mode): count tokens per row
         n_pos, n_neg = torch.count_nonzero(positive, dim=-1), torch.count_nonzero(negative, dim=-1)  # (B,)

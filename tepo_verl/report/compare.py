@@ -46,6 +46,12 @@ def _spread(values):
     return statistics.stdev(values) if len(values) > 1 else 0.0 if values else math.nan
 
 
+def _series_mean(run: Run, name: str) -> float | None:
+    """Mean of a run's metric over its steps, or None when the run never logged it."""
+    values = [v for _, v in run.series(name)]
+    return statistics.fmean(values) if values else None
+
+
 def auto_target(runs: list[Run]) -> float:
     """90% of the lowest, over algorithms, of the best seed-mean validation accuracy: reachable by every one."""
     best = []
@@ -82,8 +88,8 @@ def summarize(runs: list[Run], target: float) -> pd.DataFrame:
             entropy = run.series(ENTROPY)
             ent0.append(entropy[0][1] if entropy else None)
             ent1.append(entropy[-1][1] if entropy else None)
-            lengths.append(_mean(v for _, v in run.series(RESPONSE_LENGTH)) if run.series(RESPONSE_LENGTH) else None)
-            masks.append(_mean(v for _, v in run.series(MASK_FRAC)) if run.series(MASK_FRAC) else None)
+            lengths.append(_series_mean(run, RESPONSE_LENGTH))
+            masks.append(_series_mean(run, MASK_FRAC))
             steps.append(max(run.metrics) if run.metrics else 0)
         rows.append({
             "algorithm": label,
