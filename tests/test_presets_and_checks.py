@@ -18,12 +18,17 @@ PRESETS = {
     "tepo": {"algorithm.adv_estimator": "tepo", "actor_rollout_ref.actor.policy_loss.loss_mode": "tepo",
              "actor_rollout_ref.actor.clip_ratio_low": 3e-4, "actor_rollout_ref.actor.clip_ratio_high": 4e-4,
              "actor_rollout_ref.actor.loss_agg_mode": "token-mean",
-             "actor_rollout_ref.actor.calculate_entropy": True, "actor_rollout_ref.actor.use_kl_loss": False,
-             "actor_rollout_ref.actor.policy_loss.tepo.mask_rule": "surprisal",
+             "actor_rollout_ref.actor.calculate_entropy": False, "actor_rollout_ref.actor.use_kl_loss": False,
+             "actor_rollout_ref.actor.policy_loss.tepo.mask_rule": "surprisal_old",
              "algorithm.filter_groups.enable": False},
     "tepo_nomask": {"algorithm.adv_estimator": "tepo", "actor_rollout_ref.actor.policy_loss.loss_mode": "tepo",
                     "actor_rollout_ref.actor.policy_loss.tepo.mask_rule": "off",
                     "actor_rollout_ref.actor.clip_ratio_high": 4e-4},
+    "gspo": {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.actor.policy_loss.loss_mode": "gspo",
+             "actor_rollout_ref.actor.clip_ratio_low": 3e-4, "actor_rollout_ref.actor.clip_ratio_high": 4e-4,
+             "actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-mean",
+             "actor_rollout_ref.actor.calculate_entropy": False, "actor_rollout_ref.actor.use_kl_loss": False,
+             "algorithm.filter_groups.enable": False},
     "grpo": {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.actor.policy_loss.loss_mode": "vanilla",
              "actor_rollout_ref.actor.clip_ratio_low": 0.2, "actor_rollout_ref.actor.clip_ratio_high": 0.2,
              "actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-mean",
@@ -32,7 +37,7 @@ PRESETS = {
     "dapo": {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.actor.policy_loss.loss_mode": "vanilla",
              "actor_rollout_ref.actor.clip_ratio_low": 0.2, "actor_rollout_ref.actor.clip_ratio_high": 0.28,
              "actor_rollout_ref.actor.loss_agg_mode": "token-mean", "actor_rollout_ref.actor.use_kl_loss": False,
-             "algorithm.filter_groups.enable": True},
+             "algorithm.filter_groups.enable": True, "algorithm.filter_groups.max_num_gen_batches": 0},
 }
 
 #: Keys every preset sets, so that a comparison differs in the preset alone.

@@ -46,7 +46,7 @@ class TepoOptions:
     """The TEPO loss options. Defaults are the reconstruction's reasoned choices (docs/algorithm.md)."""
 
     ratio_mode: str = "sequence"
-    mask_rule: str = "surprisal"
+    mask_rule: str = "surprisal_old"
     mask_fallback: str = "none"
     mask_action: str = "penalty"
     kl_target: str = "old"
