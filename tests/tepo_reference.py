@@ -1,4 +1,4 @@
-"""A slow, loop-based TEPO reference written directly from the spec's formulas (shared/docs/tepo-algorithm.md).
+"""A slow, loop-based TEPO reference written directly from the formulas of docs/algorithm.md.
 
 Independent of tepo_verl.core: no vectorisation, one token at a time, Python `math` for every non-differentiable
 decision. Used by the golden tests in float64.
@@ -50,6 +50,7 @@ def reference_tepo(
     clipped_tokens = clipped_lower = 0
     seq_ratios, seq_clipped = [], []
     ppo_kl = ent_sum = dent_sum = 0.0
+    disagree = 0
     for i in range(B):
         ts = [t for t in range(T) if valid[i][t]]
         if not ts:
@@ -94,6 +95,7 @@ def reference_tepo(
                 ent_sum += h
                 if h_old is not None:
                     dent_sum += h - h_old
+                    disagree += (a > 0 and lf + h > 0) != (a > 0 and lo_f + h_old > 0)
         seq_clipped.append(any_clipped)
 
     if agg == "token-mean":
@@ -125,6 +127,7 @@ def reference_tepo(
         metrics["entropy"] = ent_sum / n_valid if n_valid else 0.0
         if old_entropy is not None:
             metrics["entropy_delta"] = dent_sum / n_valid if n_valid else 0.0
+            metrics["surprisal_disagreement"] = disagree / n_valid if n_valid else 0.0
     return loss, metrics
 
 

@@ -120,10 +120,13 @@ def test_normalize_algorithm_override():
 BAD_CONFIGS = [
     (["algorithm.rollout_correction.bypass_mode=True"], r"bypass_mode=True: verl would silently replace the loss"),
     (["actor_rollout_ref.actor.policy_loss.tepo.kl_target=ref"], r"kl_target=ref needs a reference model"),
-    (["actor_rollout_ref.actor.calculate_entropy=False"], r"calculate_entropy=True"),
-    (["actor_rollout_ref.actor.policy_loss.tepo.mask_rule=old", "trainer.use_v1=False"], r"trainer\.use_v1=True"),
+    (["actor_rollout_ref.actor.policy_loss.tepo.mask_rule=surprisal"],
+     r"mask_rule=surprisal needs the current-policy entropy.*actor_rollout_ref\.actor\.calculate_entropy=True"),
+    (["trainer.use_v1=False"], r"mask_rule=surprisal_old needs the old-policy entropy.*trainer\.use_v1=True"),
+    (["actor_rollout_ref.actor.policy_loss.tepo.mask_rule=old", "actor_rollout_ref.actor.calculate_entropy=True",
+      "trainer.use_v1=False"], r"trainer\.use_v1=True"),
     (["actor_rollout_ref.actor.policy_loss.tepo.mask_rule=entropy"],
-     r"mask_rule='entropy' is not valid; valid values: surprisal, old, surprisal_old, off"),
+     r"mask_rule='entropy' is not valid; valid values: surprisal_old, surprisal, old, off"),
     (["+actor_rollout_ref.actor.policy_loss.tepo.beta=1"], r"Unknown TEPO option\(s\) \['beta'\]"),
     (["actor_rollout_ref.actor.policy_loss._target_=verl.workers.config.PolicyLossConfig"],
      r"policy_loss\._target_=tepo_verl\.verl_adapter\.config\.TepoPolicyLossConfig"),
@@ -142,8 +145,10 @@ def test_misconfigurations_are_caught_in_verl_validate_config(overrides, message
 @pytest.mark.parametrize("overrides", [
     ["actor_rollout_ref.actor.policy_loss.tepo.kl_target=ref", "actor_rollout_ref.actor.use_kl_loss=True",
      "actor_rollout_ref.actor.kl_loss_coef=0"],
-    ["actor_rollout_ref.actor.calculate_entropy=False", "actor_rollout_ref.actor.policy_loss.tepo.mask_fallback=surprisal_old"],
-    ["actor_rollout_ref.actor.calculate_entropy=False", "actor_rollout_ref.actor.policy_loss.tepo.mask_rule=surprisal_old"],
+    ["actor_rollout_ref.actor.policy_loss.tepo.mask_rule=surprisal",
+     "actor_rollout_ref.actor.policy_loss.tepo.mask_fallback=surprisal_old"],
+    ["actor_rollout_ref.actor.policy_loss.tepo.mask_rule=surprisal", "actor_rollout_ref.actor.calculate_entropy=True"],
+    ["actor_rollout_ref.actor.policy_loss.tepo.mask_rule=old", "actor_rollout_ref.actor.entropy_coeff=0.01"],
     ["actor_rollout_ref.actor.policy_loss.tepo.kl_target=ref", "actor_rollout_ref.actor.policy_loss.tepo.mask_rule=off"],
 ])
 def test_valid_variants_pass_the_checks(overrides):

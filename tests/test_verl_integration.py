@@ -23,7 +23,8 @@ from tepo_verl.verl_adapter import actor_loss
 PROMPT_LENS = [3, 2, 5, 1, 4, 2, 3, 6]
 TEPO_METRICS = {
     "tepo/mask_frac", "tepo/masked_kl_mean", "tepo/seq_ratio_mean", "tepo/seq_ratio_min", "tepo/seq_ratio_max",
-    "tepo/seq_clipfrac", "tepo/entropy", "tepo/entropy_delta", "tepo/mask_fallback_used",
+    "tepo/seq_clipfrac", "tepo/entropy", "tepo/entropy_delta", "tepo/surprisal_disagreement",
+    "tepo/mask_fallback_used",
 }
 
 
@@ -94,16 +95,17 @@ def test_tepo_through_ppo_loss_matches_the_reference(overrides, agg):
     torch.testing.assert_close(loss.sum(), ref_loss, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(batch.log_prob.grad, ref_grad, rtol=1e-10, atol=1e-13)
     (m,) = metrics
-    assert TEPO_METRICS <= set(m) and "tepo/mask_rule/surprisal" in m
+    assert TEPO_METRICS <= set(m) and "tepo/mask_rule/surprisal_old" in m
     for name in ("mask_frac", "masked_kl_mean", "seq_ratio_mean", "seq_ratio_min", "seq_ratio_max",
-                 "seq_clipfrac", "entropy", "entropy_delta"):
+                 "seq_clipfrac", "entropy", "entropy_delta", "surprisal_disagreement"):
         assert value(m[f"tepo/{name}"]) == pytest.approx(ref_metrics[name], rel=1e-10, abs=1e-12), name
     assert value(m["actor/pg_clipfrac"]) == pytest.approx(ref_metrics["token_clipfrac"])
     assert value(m["actor/ppo_kl"]) == pytest.approx(ref_metrics["ppo_kl"])
     assert m["tepo/seq_ratio_min"].aggregation == AggregationType.MIN
     assert m["tepo/seq_ratio_max"].aggregation == AggregationType.MAX
-    assert value(m["tepo/mask_rule/surprisal"]) == 1.0 and value(m["tepo/mask_fallback_used"]) == 0.0
+    assert value(m["tepo/mask_rule/surprisal_old"]) == 1.0 and value(m["tepo/mask_fallback_used"]) == 0.0
     assert 0 < value(m["tepo/mask_frac"]) < 1 and value(m["tepo/seq_clipfrac"]) > 0
+    assert 0 < value(m["tepo/surprisal_disagreement"]) < 1
 
 
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
@@ -129,7 +131,7 @@ def test_loss_is_invariant_to_micro_batch_and_data_parallel_splits(agg):
 
 
 def test_missing_current_entropy_names_the_config_key():
-    config = actor_config(["+algorithm=tepo"])
+    config = actor_config(["+algorithm=tepo", "actor_rollout_ref.actor.policy_loss.tepo.mask_rule=surprisal"])
     with pytest.raises(ValueError, match=r"actor_rollout_ref\.actor\.calculate_entropy=True"):
         run(losses.ppo_loss, config, random_batch(1, 4, 5), with_entropy=False)
 
@@ -141,7 +143,8 @@ def test_missing_old_entropy_is_an_error_for_the_old_rule():
 
 
 def test_explicit_fallback_runs_and_says_so_in_the_metrics():
-    config = actor_config(["+algorithm=tepo", "actor_rollout_ref.actor.policy_loss.tepo.mask_fallback=surprisal_old"])
+    config = actor_config(["+algorithm=tepo", "actor_rollout_ref.actor.policy_loss.tepo.mask_rule=surprisal",
+                           "actor_rollout_ref.actor.policy_loss.tepo.mask_fallback=surprisal_old"])
     batch = random_batch(2, 5, 6)
     loss, (m,) = run(losses.ppo_loss, config, batch, with_entropy=False)
     ref_loss, ref_metrics = reference_tepo(
@@ -191,9 +194,12 @@ def test_direct_registry_call_without_the_adapter():
                                  lo=3e-4, hi=4e-4, opts=config.policy_loss.tepo)
     torch.testing.assert_close(loss, ref_loss)
     assert metrics["tepo/mask_rule/off"] == 1.0 and "tepo/seq_ratio_min" in metrics
-    with pytest.raises(ValueError, match="calculate_entropy=True"):
+    with pytest.raises(ValueError, match=r"old-policy entropy.*trainer\.use_v1=True"):
         fn(batch.old_log_prob, batch.log_prob, batch.advantages, batch.response_mask, "token-mean",
            actor_config(["+algorithm=tepo"]), None)
+    with pytest.raises(ValueError, match=r"current-policy entropy.*calculate_entropy=True"):
+        fn(batch.old_log_prob, batch.log_prob, batch.advantages, batch.response_mask, "token-mean",
+           actor_config(["+algorithm=tepo", "actor_rollout_ref.actor.policy_loss.tepo.mask_rule=surprisal"]), None)
 
 
 def test_mask_off_with_seq_mean_token_mean_is_verl_gspo():
@@ -264,4 +270,26 @@ def test_options_of_the_preset_reach_the_actor_dataclass():
     config = actor_config(["algorithm=tepo".join(["+", ""]), "actor_rollout_ref.actor.policy_loss.tepo.kl_coef=0.25",
                            "actor_rollout_ref.actor.policy_loss.tepo.mask_rule=old"])
     assert config.policy_loss.tepo == TepoOptions(kl_coef=0.25, mask_rule="old")
-    assert config.policy_loss.loss_mode == "tepo" and config.calculate_entropy
+    assert config.policy_loss.loss_mode == "tepo" and not config.calculate_entropy  # the preset's default rule
+
+
+# ------------------------------------------------------------------ the core's KL estimators are verl's
+
+@pytest.mark.parametrize("name", sorted(__import__("tepo_verl.core.kl", fromlist=["KL_ESTIMATORS"]).KL_ESTIMATORS))
+def test_kl_estimators_agree_with_verl_kl_penalty(name):
+    """Value and gradient of every estimator name against verl's own kl_penalty, clamp edges included."""
+    from tepo_verl.core import kl_estimate
+
+    g = torch.Generator().manual_seed(3)
+    target = torch.randn(256, dtype=torch.float64, generator=g)
+    offsets = torch.cat([torch.tensor([0.0, 20.0, -20.0, 25.0, -25.0, 2.4, -2.4], dtype=torch.float64),
+                         torch.randn(249, dtype=torch.float64, generator=g) * 6])
+    ours_in = (target + offsets).requires_grad_(True)
+    verl_in = (target + offsets).requires_grad_(True)
+    ours = kl_estimate(ours_in, target, name)
+    theirs = core_algos.kl_penalty(verl_in, target, name)
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+    (ours_grad,) = torch.autograd.grad(ours.sum(), ours_in)
+    (verl_grad,) = torch.autograd.grad(theirs.sum(), verl_in)
+    torch.testing.assert_close(ours_grad, verl_grad, rtol=0, atol=0)
+    assert (ours.detach() != 0).any()

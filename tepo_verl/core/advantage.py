@@ -1,4 +1,4 @@
-"""Group-relative advantage (spec "Reconstruction" 1)."""
+"""Group-relative advantage (docs/algorithm.md, step 1)."""
 
 from __future__ import annotations
 

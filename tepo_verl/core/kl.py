@@ -1,7 +1,7 @@
-"""Per-token KL estimators of the current policy against a target (spec "Reconstruction" 5).
+"""Per-token KL estimators of the current policy against a target (docs/algorithm.md, step 5).
 
-Same definitions (and clamps) as verl's `kl_penalty_forward`, written here in pure torch so the core has no
-verl import; a test checks they agree with verl's.
+Same definitions (and clamps) as verl's `kl_penalty`, written here in pure torch so the core has no verl import;
+tests/test_verl_integration.py checks that they agree with verl's, value and gradient.
 """
 
 from __future__ import annotations
@@ -32,26 +32,3 @@ def kl_estimate(
     reverse = torch.clamp(-diff, min=-20, max=20)  # log(pi_target / pi), clamped as verl does
     return torch.clamp(torch.exp(reverse) - reverse - 1, min=-10, max=10)
 
-
-def kl_estimate_and_grad(
-    log_prob: torch.Tensor,  # (B, T) current log-probs (no gradient needed)
-    target_log_prob: torch.Tensor,  # (B, T)
-    estimator: str,
-) -> tuple[torch.Tensor, torch.Tensor]:  # (B, T) D_it, (B, T) dD_it / dl_it
-    """`kl_estimate` and its derivative in closed form, with autograd's conventions at the clamps
-    (torch.clamp passes the gradient where min <= x <= max; abs has derivative sign(x), 0 at 0)."""
-    with torch.no_grad():
-        value = kl_estimate(log_prob, target_log_prob, estimator)
-        diff = log_prob - target_log_prob
-        kind = KL_ESTIMATORS[estimator]
-        if kind == "k1":
-            return value, torch.ones_like(diff)
-        if kind == "abs":
-            return value, torch.sign(diff)
-        if kind == "k2":
-            return value, diff
-        inner = -diff
-        ratio = torch.exp(torch.clamp(inner, min=-20, max=20))
-        raw = ratio - torch.clamp(inner, min=-20, max=20) - 1
-        passes = (inner >= -20) & (inner <= 20) & (raw >= -10) & (raw <= 10)
-        return value, torch.where(passes, 1 - ratio, torch.zeros_like(ratio))

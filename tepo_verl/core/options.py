@@ -1,4 +1,4 @@
-"""Every TEPO option, its default and why (spec "Reconstruction"; README "Options" mirrors this table).
+"""Every TEPO option, its default and why (docs/algorithm.md; a test checks the README "Options" table against it).
 
 The paper's body is unavailable, so each uncertain choice of the reconstruction is a named option here.
 `TepoOptions.from_mapping` rejects unknown names and values with an error that lists the valid ones.
@@ -11,27 +11,29 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from tepo_verl.core.mask import MASK_RULES
+
 #: Valid values of each choice option. The first entry of each tuple is NOT necessarily the default.
 CHOICES: dict[str, tuple[str, ...]] = {
-    # Spec 2: geometric-mean likelihood ratio over the whole response, or over the prefix 1..t.
+    # Step 2: geometric-mean likelihood ratio over the whole response, or over the prefix 1..t.
     "ratio_mode": ("sequence", "prefix"),
-    # Spec 5: how "entropy decreasing at (i, t)" is decided.
-    "mask_rule": ("surprisal", "old", "surprisal_old", "off"),
+    # Step 5: how "entropy decreasing at (i, t)" is decided.
+    "mask_rule": tuple(MASK_RULES),
     # What to do when the mask rule's inputs are missing: "none" = raise; otherwise the rule to run instead.
     "mask_fallback": ("none", "surprisal_old", "off"),
-    # Spec 5: on masked tokens, add beta * D ("penalty") or drop the policy term ("drop").
+    # Step 5: on masked tokens, add beta * D ("penalty") or drop the policy term ("drop").
     "mask_action": ("penalty", "drop"),
-    # Spec 5: the KL target, the old (sampling) policy or the reference model.
+    # Step 5: the KL target, the old (sampling) policy or the reference model.
     "kl_target": ("old", "ref"),
-    # Spec 5: per-token KL estimator (verl's names and the k-names are both accepted).
+    # Step 5: per-token KL estimator (verl's names and the k-names are both accepted).
     "kl_estimator": ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl"),
 }
 
 #: Short meaning of every option, for error messages and docs.
 MEANINGS: dict[str, str] = {
     "ratio_mode": "sequence: one geometric-mean ratio per response; prefix: geometric mean over tokens 1..t",
-    "mask_rule": "entropy-falling test of the KL mask: surprisal (l+H>0), old (H<H_old), surprisal_old "
-    "(l_old+H_old>0), off (no mask)",
+    "mask_rule": "entropy-falling test of the KL mask: "
+    + ", ".join(f"{name} ({rule.test})" for name, rule in MASK_RULES.items()),
     "mask_fallback": "rule used when the mask rule's inputs are missing; none = raise an error",
     "mask_action": "penalty: add kl_coef*D on masked tokens; drop: remove the policy term on masked tokens",
     "kl_target": "old: KL of the current policy to the old policy; ref: to the reference model",

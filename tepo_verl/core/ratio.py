@@ -1,4 +1,4 @@
-"""Sequence-level ("Markov") likelihood ratio and its straight-through token form (spec "Reconstruction" 2)."""
+"""Sequence-level ("Markov") likelihood ratio and its straight-through token form (docs/algorithm.md, step 2)."""
 
 from __future__ import annotations
 

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from tepo_verl.core.mask import required_inputs
+from tepo_verl.core.mask import MASK_INPUTS, MASK_RULES, required_inputs
 from tepo_verl.core.options import TepoOptions
 from tepo_verl.verl_adapter.config import TEPO_LOSS_MODE
 
 TEPO_POLICY_LOSS_TARGET = "tepo_verl.verl_adapter.config.TepoPolicyLossConfig"
+
+
+#: verl's defaults for the keys of MASK_INPUTS, for configs that leave them out.
+_DEFAULTS = {"actor_rollout_ref.actor.calculate_entropy": False, "trainer.use_v1": True}
 
 
 class TepoConfigError(ValueError):
@@ -59,25 +63,20 @@ def tepo_config_problems(config: Any) -> list[str]:
             "actor_rollout_ref.actor.use_kl_loss=True (with kl_loss_coef=0 to add no other KL term) or "
             "algorithm.use_kl_in_reward=True, or use kl_target=old."
         )
-    computes_entropy = bool(actor.get("calculate_entropy", False)) or actor.get("entropy_coeff", 0.0) != 0.0
-    stores_old_entropy = bool(_get(config, "trainer.use_v1", True))
-    available = {"entropy"} if computes_entropy else set()
-    if stores_old_entropy:
-        available.add("old_entropy")
-    needs = set(required_inputs(options.mask_rule))
+    available = {name for name, needed in MASK_INPUTS.items()
+                 if bool(_get(config, needed.config_key, _DEFAULTS[needed.config_key])) == needed.config_value}
+    if actor.get("entropy_coeff", 0.0) != 0.0:  # verl computes the current entropy for an entropy bonus too
+        available.add("entropy")
     fallback_ok = options.mask_fallback != "none" and set(required_inputs(options.mask_fallback)) <= available
-    if not needs <= available and not fallback_ok:
-        if "entropy" in needs - available:
-            problems.append(
-                f"policy_loss.tepo.mask_rule={options.mask_rule} needs the current-policy entropy: set "
-                "actor_rollout_ref.actor.calculate_entropy=True, or an explicit "
-                "policy_loss.tepo.mask_fallback=surprisal_old|off"
-            )
-        if "old_entropy" in needs - available:
-            problems.append(
-                f"policy_loss.tepo.mask_rule={options.mask_rule} needs the old-policy entropy, which only verl's "
-                "v1 trainer stores: set trainer.use_v1=True, or an explicit policy_loss.tepo.mask_fallback=off"
-            )
+    if not fallback_ok:
+        for name in required_inputs(options.mask_rule):
+            if name not in available:
+                needed = MASK_INPUTS[name]
+                problems.append(
+                    f"policy_loss.tepo.mask_rule={options.mask_rule} needs {needed.meaning}: set "
+                    f"{needed.config_key}={needed.config_value}, or choose another mask_rule "
+                    f"({', '.join(MASK_RULES)}) or an explicit policy_loss.tepo.mask_fallback=surprisal_old|off"
+                )
     return problems
 
 

@@ -12,21 +12,25 @@ from verl.utils.metric import AggregationType, Metric
 
 from tepo_verl.core.advantage import group_relative_advantage
 from tepo_verl.core.loss import MissingInputError, tepo_policy_loss
+from tepo_verl.core.mask import MASK_INPUTS
 from tepo_verl.verl_adapter.actor_loss import current_extras
 from tepo_verl.verl_adapter.config import TEPO_ADV_ESTIMATOR, TEPO_LOSS_MODE, tepo_options
 
-#: What provides each optional tensor, for the error when it is missing.
-PROVIDERS = {
-    "entropy": "the current-policy entropy: set actor_rollout_ref.actor.calculate_entropy=True (the tepo preset does)",
-    "old_entropy": "the old-policy entropy: stored by verl's v1 trainer (trainer.use_v1=True) in its old-log-prob "
-    "pass, which algorithm.rollout_correction.bypass_mode=True skips",
-    "ref_log_prob": "the reference log-probs: a reference model, i.e. actor_rollout_ref.actor.use_kl_loss=True "
-    "(kl_loss_coef may be 0) or algorithm.use_kl_in_reward=True",
-}
+#: What provides the reference log-probs (kl_target=ref); the mask rules' tensors are in core.mask.MASK_INPUTS.
+REF_LOG_PROB_PROVIDER = ("the reference log-probs: a reference model, i.e. actor_rollout_ref.actor.use_kl_loss=True "
+                         "(kl_loss_coef may be 0) or algorithm.use_kl_in_reward=True")
+
+
+def provider(name: str) -> str:
+    """How a verl user provides the optional tensor `name` (one line, for error messages)."""
+    if name == "ref_log_prob":
+        return REF_LOG_PROB_PROVIDER
+    needed = MASK_INPUTS[name]
+    return f"{needed.meaning}: set {needed.config_key}={needed.config_value}"
 
 
 def missing_input_message(error: MissingInputError) -> str:
-    lines = [f"{error}. Provide:"] + [f"  - {name}: {PROVIDERS.get(name, name)}" for name in error.missing]
+    lines = [f"{error}. Provide:"] + [f"  - {name}: {provider(name)}" for name in error.missing]
     lines.append(
         "or choose an explicit fallback: actor_rollout_ref.actor.policy_loss.tepo.mask_fallback=surprisal_old|off"
     )
@@ -53,7 +57,7 @@ def compute_tepo_outcome_advantage(
     config: Any = None,  # the `algorithm` config
     **unused: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # advantages (B, T), returns (B, T)
-    """Spec 1: group-relative advantage; `algorithm.norm_adv_by_std_in_grpo` switches the std normalisation."""
+    """Step 1: group-relative advantage; `algorithm.norm_adv_by_std_in_grpo` switches the std normalisation."""
     norm_by_std = True if config is None else bool(config.get("norm_adv_by_std_in_grpo", True))
     scores = token_level_rewards.sum(dim=-1)  # (B,)
     advantages = group_relative_advantage(scores, list(index), response_mask, norm_by_std=norm_by_std, eps=epsilon)
@@ -115,7 +119,8 @@ def verl_metrics(core: dict[str, float], rule: str, fell_back: bool, extras) -> 
         f"tepo/mask_rule/{rule}": 1.0,
         "tepo/mask_fallback_used": float(fell_back),
     }
-    for name in ("mask_frac", "masked_kl_mean", "seq_ratio_mean", "seq_clipfrac", "entropy", "entropy_delta"):
+    for name in ("mask_frac", "masked_kl_mean", "seq_ratio_mean", "seq_clipfrac", "entropy", "entropy_delta",
+                 "surprisal_disagreement"):
         if name in core:
             metrics[f"tepo/{name}"] = core[name]
     extremes = {"tepo/seq_ratio_min": (core["seq_ratio_min"], AggregationType.MIN),
