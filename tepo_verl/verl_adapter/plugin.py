@@ -20,6 +20,7 @@ def _install() -> None:
 
     check_verl_version()
     actor_loss.install()
+    __import__("tepo_verl.verl_adapter.run_metrics", fromlist=["install"]).install()  # metrics for compare
     _wrap_validate_config(checks.check_tepo_config)
     _register_hydra_search_path()
     cli.rewrite_sys_argv()
