@@ -1,24 +1,49 @@
-"""The comparison report on synthetic verl file-logger runs with known curves."""
+"""The comparison report on synthetic verl file-logger runs with known curves, and the README's preset list
+against the composed presets."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
+import subprocess
+import sys
+from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
+from omegaconf import OmegaConf
 
-from tepo_verl.report.compare import auto_target, default_reference, main, steps_to_target, summarize
-from tepo_verl.report.runs import default_label, load_runs
+from tepo_verl.report.compare import (
+    auto_target,
+    bootstrap_ci,
+    default_reference,
+    main,
+    paired_differences,
+    per_run_table,
+    steps_to_target,
+    summarize,
+    val_auc,
+)
+from tepo_verl.report.runs import RunError, default_label, load_runs
 
-VAL = {  # label, seed -> validation accuracy at steps 0, 5, 10, 15, 20
-    ("tepo", 1): [0.1, 0.3, 0.5, 0.6, 0.6],
-    ("tepo", 2): [0.1, 0.2, 0.5, 0.55, 0.7],
-    ("grpo", 1): [0.1, 0.2, 0.3, 0.5, 0.5],
-    ("grpo", 2): [0.1, 0.2, 0.4, 0.45, 0.5],
-    ("dapo", 1): [0.1, 0.2, 0.3, 0.4, 0.45],
+README = Path(__file__).resolve().parents[1] / "README.md"
+PRESETS = ["tepo", "tepo_nomask", "gspo", "grpo", "dapo"]
+
+VAL = {  # label, seed -> validation accuracy at steps 0, 5, 10, 15, 20 (target 0.5 in the tests)
+    ("tepo", 1): [0.1, 0.3, 0.5, 0.6, 0.6],  # reaches 0.5 at step 10
+    ("tepo", 2): [0.1, 0.2, 0.5, 0.55, 0.7],  # 10
+    ("tepo", 3): [0.1, 0.5, 0.5, 0.6, 0.6],  # 5
+    ("grpo", 1): [0.1, 0.2, 0.3, 0.5, 0.5],  # 15
+    ("grpo", 2): [0.1, 0.2, 0.4, 0.45, 0.5],  # 20
+    ("grpo", 3): [0.1, 0.3, 0.5, 0.5, 0.5],  # 10
+    ("dapo", 1): [0.1, 0.2, 0.5, 0.5, 0.6],  # 10
+    ("dapo", 2): [0.1, 0.2, 0.3, 0.4, 0.45],  # never: censored at its last validated step, 20
 }
 STEP_SECONDS = {"tepo": 2.0, "grpo": 1.0, "dapo": 1.5}
+RESPONSES_PER_STEP = {"tepo": 12, "grpo": 12, "dapo": 18}  # DAPO regenerates filtered groups
+CHECKPOINT_SECONDS = 5.0  # a checkpoint at step 10, inside timing_s/step, not counted as training time
 
 
 def write_run(path, label, seed):
@@ -26,10 +51,17 @@ def write_run(path, label, seed):
         for step in range(0, 21):
             data = {}
             if step:
-                data = {"timing_s/step": STEP_SECONDS[label], "actor/entropy": 1.0 - 0.01 * step * seed,
-                        "critic/score/mean": 0.02 * step, "response_length/mean": 100.0 + step}
+                data = {"timing_s/step": STEP_SECONDS[label], "critic/score/mean": 0.02 * step,
+                        "response_length/mean": 100.0 + step,
+                        "tepo_verl/entropy_token_mean": 1.0 - 0.01 * step * seed,
+                        "actor/entropy": 5.0,  # verl's, averaged per loss_agg_mode: never read
+                        "tepo_verl/responses_generated": RESPONSES_PER_STEP[label]}
+                if step == 10:
+                    data["timing_s/step"] += CHECKPOINT_SECONDS
+                    data["timing_s/save_checkpoint"] = CHECKPOINT_SECONDS
                 if label == "tepo":
                     data["actor/tepo/mask_frac"] = 0.1 * seed
+                    data["actor/tepo/masked_kl_mean"] = 0.01 * seed
             if step % 5 == 0:
                 acc = VAL[(label, seed)][step // 5]
                 data["val-core/gsm/acc/mean@4"] = acc
@@ -42,15 +74,29 @@ def write_run(path, label, seed):
 
 @pytest.fixture
 def runs_dir(tmp_path):
+    folder = tmp_path / "runs"
+    folder.mkdir()
     for label, seed in VAL:
-        write_run(tmp_path / f"{label}-seed{seed}.jsonl", label, seed)
-    return tmp_path
+        write_run(folder / f"{label}-seed{seed}.jsonl", label, seed)
+    return folder
 
 
-def test_labels_and_steps_to_target():
-    assert default_label(__import__("pathlib").Path("tepo-seed12.jsonl")) == "tepo"
-    assert default_label(__import__("pathlib").Path("dapo_s3.jsonl")) == "dapo"
-    assert default_label(__import__("pathlib").Path("runs/cpu/grpo-seed2/metrics.jsonl")) == "grpo"
+@pytest.fixture
+def tables(runs_dir):
+    per_run = per_run_table(load_runs([str(runs_dir)]), target=0.5)
+    return per_run, summarize(per_run, n_resamples=2000).set_index("algorithm"), \
+        paired_differences(per_run, "tepo", n_resamples=2000)
+
+
+def test_labels_seeds_and_steps_to_target(tmp_path):
+    assert default_label(Path("tepo-seed12.jsonl")) == "tepo"
+    assert default_label(Path("dapo_s3.jsonl")) == "dapo"
+    assert default_label(Path("runs/cpu/grpo-seed2/metrics.jsonl")) == "grpo"
+    write_run(tmp_path / "x.jsonl", "tepo", 1)
+    (tmp_path / "grpo-qwen-seed7").mkdir()
+    write_run(tmp_path / "grpo-qwen-seed7" / "metrics.jsonl", "grpo", 1)
+    seeds = {run.label: run.seed for run in load_runs([str(tmp_path / "x.jsonl"), str(tmp_path / "grpo-qwen-seed7")])}
+    assert seeds == {"x": None, "grpo-qwen": 7}
     assert default_reference(["grpo", "tepo-qwen2.5-math-1.5b", "tepo_nomask-qwen2.5-math-1.5b"]) == \
         "tepo-qwen2.5-math-1.5b"
     assert default_reference(["grpo", "dapo"]) is None
@@ -58,54 +104,156 @@ def test_labels_and_steps_to_target():
     assert steps_to_target([(0, 0.1)], 0.5) is None
 
 
-def test_summary_table_is_exact(runs_dir):
-    runs = load_runs([str(runs_dir)])
-    table = summarize(runs, target=0.5).set_index("algorithm")
-    assert list(table.index) == ["dapo", "grpo", "tepo"]
-    tepo, grpo, dapo = table.loc["tepo"], table.loc["grpo"], table.loc["dapo"]
-    assert tepo.seeds == 2 and tepo.steps == 20
-    assert tepo.steps_to_target == 10 and tepo.steps_to_target_std == 0 and tepo.reached_target == "2/2"
-    assert grpo.steps_to_target == 17.5 and grpo.steps_to_target_std == pytest.approx(math.sqrt(12.5))
-    assert dapo.reached_target == "0/1" and math.isnan(dapo.steps_to_target)
-    assert tepo.wall_s_to_target == 20.0 and grpo.wall_s_to_target == 17.5
-    assert tepo.final_val_acc == pytest.approx(0.65) and tepo.best_val_acc == pytest.approx(0.65)
-    assert grpo.final_val_acc == pytest.approx(0.5) and dapo.best_val_acc == pytest.approx(0.45)
-    assert tepo.entropy_start == pytest.approx(1 - 0.01 * 1.5) and tepo.entropy_end == pytest.approx(1 - 0.2 * 1.5)
-    assert tepo.response_length == pytest.approx(110.5)
-    assert tepo.kl_mask_fraction == pytest.approx(0.15) and math.isnan(grpo.kl_mask_fraction)
+def test_auc_is_the_trapezoid_area_over_the_step_span():
+    assert val_auc([(0, 0.1), (5, 0.3), (10, 0.5), (15, 0.6), (20, 0.6)]) == pytest.approx(8.75 / 20)
+    assert val_auc([(10, 0.2), (20, 0.4)]) == pytest.approx(0.3)  # span 10, not 20
+    assert val_auc([(4, 0.3)]) == 0.3 and val_auc([]) is None
+
+
+def test_per_run_values_and_censoring(tables):
+    per_run, _, _ = tables
+    rows = per_run.set_index(["algorithm", "seed"])
+    tepo1 = rows.loc[("tepo", 1)]
+    assert tepo1.steps == 20 and tepo1.reached and not tepo1.censored
+    assert tepo1.steps_to_target == 10 and tepo1.rollouts_to_target == 120  # 12 responses x steps 1..10
+    assert tepo1.wall_s_to_target == 20.0  # 10 steps x 2 s; the checkpoint's 5 s left out
+    assert tepo1.best_val_acc == 0.6 and tepo1.final_val_acc == 0.6 and tepo1.val_auc == pytest.approx(0.4375)
+    assert tepo1.entropy_start == pytest.approx(0.99) and tepo1.entropy_end == pytest.approx(0.8)
+    assert tepo1.kl_mask_fraction == pytest.approx(0.1) and tepo1.masked_kl == pytest.approx(0.01)
+    assert tepo1.response_length == pytest.approx(110.5)
+    dapo2 = rows.loc[("dapo", 2)]  # never reaches 0.5: kept, censored at its last validated step
+    assert not dapo2.reached and dapo2.censored
+    assert dapo2.steps_to_target == 20 and dapo2.rollouts_to_target == 360 and dapo2.wall_s_to_target == 30.0
+    assert list(per_run.algorithm) == ["dapo"] * 2 + ["grpo"] * 3 + ["tepo"] * 3
+
+
+def test_summary_means_and_intervals(tables):
+    _, summary, _ = tables
+    tepo, grpo, dapo = summary.loc["tepo"], summary.loc["grpo"], summary.loc["dapo"]
+    assert (tepo.seeds, tepo.reached, tepo.censored, tepo.steps) == (3, 3, 0, 20)
+    assert tepo.steps_to_target == pytest.approx(25 / 3) and grpo.steps_to_target == 15
+    assert tepo.rollouts_to_target == 100 and grpo.rollouts_to_target == 180
+    assert tepo.wall_s_to_target == pytest.approx(50 / 3) and grpo.wall_s_to_target == 15
+    assert (dapo.seeds, dapo.reached, dapo.censored) == (2, 1, 1)
+    assert dapo.steps_to_target == 15 and dapo.rollouts_to_target == 270 and dapo.wall_s_to_target == 22.5
+    assert tepo.val_auc == pytest.approx((0.4375 + 0.4125 + 0.4875) / 3)
+    assert tepo.best_val_acc == pytest.approx(0.6333333) and tepo.final_val_acc == pytest.approx(0.6333333)
+    assert tepo.entropy_start == pytest.approx(0.98) and tepo.entropy_end == pytest.approx(0.6)
+    assert math.isnan(grpo.kl_mask_fraction) and tepo.kl_mask_fraction == pytest.approx(0.2)
+    # tepo's steps to target are 10, 10, 5: every resampled mean lies in [5, 10]
+    assert 5 <= tepo.steps_to_target_ci_low < tepo.steps_to_target < tepo.steps_to_target_ci_high <= 10
+    # dapo's two seeds (10 and 20 censored): resampled means 10, 15 or 20, with probabilities 1/4, 1/2, 1/4
+    assert (dapo.steps_to_target_ci_low, dapo.steps_to_target_ci_high) == (10, 20)
+
+
+def test_paired_differences_by_seed(tables):
+    _, _, paired = tables
+    rows = paired.set_index(["baseline", "metric"])
+    steps = rows.loc[("grpo", "steps_to_target")]
+    assert steps.pairs == 3 and steps.censored_pairs == 0 and steps.seeds == "1 2 3"
+    assert steps.mean_difference == pytest.approx((-5 - 10 - 5) / 3)  # 10-15, 10-20, 5-10
+    assert -10 <= steps.ci_low < steps.mean_difference < steps.ci_high <= -5
+    assert rows.loc[("grpo", "rollouts_to_target")].mean_difference == pytest.approx(-80)
+    assert rows.loc[("grpo", "val_auc")].mean_difference == pytest.approx((0.1125 + 0.075 + 0.0875) / 3)
+    dapo = rows.loc[("dapo", "steps_to_target")]  # dapo has no seed 3; its seed 2 is censored
+    assert dapo.pairs == 2 and dapo.seeds == "1 2" and dapo.censored_pairs == 1
+    assert dapo.mean_difference == -5 and (dapo.ci_low, dapo.ci_high) == (-10, 0)
+    assert rows.loc[("dapo", "final_val_acc")].censored_pairs == 0
+    assert set(paired.baseline) == {"grpo", "dapo"}
+
+
+def test_bootstrap_interval_properties():
+    rng = np.random.default_rng(1)
+    values = rng.normal(10, 2, size=5)
+    low, high = bootstrap_ci(values)
+    assert low < values.mean() < high
+    assert bootstrap_ci(values) == (low, high)  # fixed seed: reproducible
+    assert bootstrap_ci(values, seed=1) != (low, high)
+    low4, high4 = bootstrap_ci(np.tile(values, 4))  # same spread, four times the seeds
+    assert high4 - low4 < 0.7 * (high - low)
+    assert bootstrap_ci([0.0, 1.0]) == (0.0, 1.0)  # resampled means 0, 0.5, 1 with probabilities 1/4, 1/2, 1/4
+    assert bootstrap_ci([3.0, 3.0, 3.0]) == (3.0, 3.0)
+    assert all(math.isnan(v) for v in bootstrap_ci([3.0])) and all(math.isnan(v) for v in bootstrap_ci([None, 1]))
 
 
 def test_auto_target_is_reachable_by_every_algorithm(runs_dir):
-    runs = load_runs([str(runs_dir)])
-    # best seed-mean accuracy: tepo 0.65, grpo 0.5, dapo 0.45 -> 0.9 * 0.45
-    assert auto_target(runs) == pytest.approx(0.405)
+    # best seed-mean accuracy: tepo 0.6333 (step 20), grpo 0.5, dapo (0.6 + 0.45) / 2 = 0.525 -> 0.9 * 0.5
+    assert auto_target(load_runs([str(runs_dir)])) == pytest.approx(0.45)
 
 
-def test_command_writes_table_csv_and_plots(runs_dir, tmp_path, capsys):
+def test_command_writes_tables_csv_and_plots(runs_dir, tmp_path, capsys):
     out = tmp_path / "report"
     assert main([f"tepo={runs_dir / 'tepo-seed1.jsonl'}", f"tepo={runs_dir / 'tepo-seed2.jsonl'}",
-                 str(runs_dir / "grpo-seed1.jsonl"), str(runs_dir / "grpo-seed2.jsonl"),
-                 "--target", "0.5", "--out", str(out)]) == 0
+                 str(runs_dir / "grpo-seed1.jsonl"), str(runs_dir / "grpo-seed2.jsonl"), str(runs_dir / "dapo-seed2.jsonl"),
+                 "--target", "0.5", "--out", str(out), "--resamples", "1000"]) == 0
     printed = capsys.readouterr().out
     assert "steps-to-target tepo / grpo = 0.571 (42.9% fewer steps for tepo)" in printed
+    assert re.search(r"\| tepo +\| +2 \| +20 \| +2/2 \| +10 \[10, 10\] \|", printed)
+    assert re.search(r"\| dapo +\| +1 \| +20 \| +0/1 \| +>= 20 \|", printed)  # one censored seed: a lower bound
     csv = pd.read_csv(out / "compare.csv")
-    assert list(csv.algorithm) == ["grpo", "tepo"] and list(csv.steps_to_target) == [17.5, 10.0]
+    assert list(csv.algorithm) == ["dapo", "grpo", "tepo"] and list(csv.steps_to_target) == [20.0, 17.5, 10.0]
+    assert len(pd.read_csv(out / "compare_runs.csv")) == 5
+    paired = pd.read_csv(out / "compare_paired.csv").set_index(["baseline", "metric"])
+    assert paired.loc[("grpo", "steps_to_target"), "mean_difference"] == -7.5
     assert (out / "compare.md").read_text().startswith("Target validation accuracy: 0.5000")
-    for name in ("val_accuracy", "reward", "entropy", "kl_mask_fraction"):
+    for name in ("val_accuracy", "reward", "entropy", "kl_mask_fraction", "masked_kl"):
         assert (out / f"{name}.png").stat().st_size > 1000
 
 
+def test_runs_without_the_common_entropy_are_named(tmp_path, capsys):
+    path = tmp_path / "grpo-seed1.jsonl"
+    path.write_text(json.dumps({"step": 0, "data": {"val-core/a/acc/mean@1": 0.2}}) + "\n"
+                    + json.dumps({"step": 1, "data": {"actor/entropy": 0.7, "val-core/a/acc/mean@1": 0.3}}) + "\n")
+    assert main([str(path), "--out", str(tmp_path / "o"), "--no-plots"]) == 0
+    printed = capsys.readouterr().out
+    assert f"no tepo_verl/entropy_token_mean in 1 run(s)" in printed and str(path) in printed
+    assert math.isnan(pd.read_csv(tmp_path / "o" / "compare.csv").entropy_start[0])
+
+
 def test_bad_inputs_are_named(tmp_path):
-    with pytest.raises(FileNotFoundError, match="missing.jsonl does not exist"):
+    with pytest.raises(RunError, match="missing.jsonl does not exist"):
         load_runs([str(tmp_path / "missing.jsonl")])
     bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"nostep": 1}\n')
-    with pytest.raises(ValueError, match="bad.jsonl:1: not a verl file-logger record"):
+    bad.write_text('{"step": 0, "data": {}}\n{"nostep": 1}\n')
+    with pytest.raises(RunError, match="bad.jsonl:2: not a verl file-logger record"):
         load_runs([str(bad)])
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(FileNotFoundError, match="no verl file-logger \\*.jsonl file"):
+    with pytest.raises(RunError, match="no verl file-logger \\*.jsonl file"):
         load_runs([str(empty)])
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        write_run(tmp_path / name / "tepo-seed1.jsonl", "tepo", 1)
+    with pytest.raises(RunError, match="two runs of tepo with seed 1"):
+        load_runs([str(tmp_path / "a"), str(tmp_path / "b")])
+
+
+def _compare(*args):
+    return subprocess.run([sys.executable, "-m", "tepo_verl.cli", "compare", *map(str, args)],
+                          capture_output=True, text=True, timeout=120)
+
+
+def _one_line_error(result, text):
+    assert result.returncode == 2, result
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tepo-verl compare: error: ") and text in lines[0], lines
+
+
+def test_command_fails_cleanly_on_a_folder_without_runs(tmp_path):
+    (tmp_path / "val_generations").mkdir()
+    (tmp_path / "val_generations" / "0.jsonl").write_text('{"input": "q", "output": "a"}\n')
+    _one_line_error(_compare(tmp_path, "--out", tmp_path / "o"), f"no verl file-logger *.jsonl file under {tmp_path}")
+
+
+def test_command_fails_cleanly_on_a_missing_path(tmp_path):
+    _one_line_error(_compare(tmp_path / "nowhere", "--out", tmp_path / "o"), "nowhere does not exist")
+
+
+def test_command_fails_cleanly_on_a_malformed_line(tmp_path):
+    run = tmp_path / "tepo-seed1.jsonl"
+    run.write_text('{"step": 0, "data": {"val-core/a/acc/mean@1": 0.2}}\n{"step": 1, "data": {"x": 1\n')
+    _one_line_error(_compare(run, "--out", tmp_path / "o"), f"{run}:2: not a verl file-logger record")
 
 
 def test_folders_pass_over_validation_dumps(runs_dir):
@@ -113,3 +261,43 @@ def test_folders_pass_over_validation_dumps(runs_dir):
     dump.mkdir(parents=True)
     (dump / "0.jsonl").write_text('{"input": "q", "output": "a", "gts": "a", "score": 1.0, "step": 0}\n')
     assert sorted({run.label for run in load_runs([str(runs_dir)])}) == ["dapo", "grpo", "tepo"]
+
+
+# ------------------------------------------------------------------ README: how the presets differ
+
+def _leaves(node, prefix=""):
+    if isinstance(node, dict):
+        return {k: v for key, value in node.items() for k, v in _leaves(value, f"{prefix}{key}.").items()}
+    return {prefix[:-1]: node}
+
+
+def _text(value) -> str:
+    return "true" if value is True else "false" if value is False else str(value)
+
+
+def readme_preset_differences() -> tuple[list[str], dict[str, list[str]]]:
+    """The table of the README's "How the presets differ" section: preset names, and key -> cell texts."""
+    section = README.read_text(encoding="utf-8").split("### How the presets differ", 1)[1].split("\n#", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ")]
+    header = [cell.strip().strip("`") for cell in rows[0].strip("|").split("|")]
+    table = {}
+    for line in rows[1:]:
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if set(cells[0]) <= {"-", " "}:
+            continue
+        table[cells[0].strip("`")] = [cell.strip("`") if cell != "—" else "—" for cell in cells[1:]]
+    return header[1:], table
+
+
+def test_readme_lists_exactly_the_keys_in_which_the_presets_differ():
+    from verl_config import compose_config
+
+    configs = {p: _leaves(OmegaConf.to_container(compose_config([f"+algorithm={p}"]), resolve=True))
+               for p in PRESETS}
+    keys = set().union(*configs.values())
+    differing = {key: [_text(configs[p][key]) if key in configs[p] else "—" for p in PRESETS]
+                 for key in sorted(keys) if len({repr(configs[p].get(key, KeyError)) for p in PRESETS}) > 1}
+    presets, table = readme_preset_differences()
+    assert presets == PRESETS
+    assert "actor_rollout_ref.actor.clip_ratio_c" in differing and "algorithm.filter_groups.enable" in differing
+    assert table == differing

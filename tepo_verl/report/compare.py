@@ -1,55 +1,156 @@
-"""`tepo-verl compare RUN ...`: compare algorithms from verl file-logger runs (CPU or GPU).
+"""`tepo-verl compare RUN ...`: compare algorithms from verl file-logger runs (CPU or GPU), seeds included.
 
-Per algorithm (runs with the same label are seeds, aggregated as mean and spread): final and best validation
-accuracy, steps and wall time to reach a target accuracy (the paper's "50% less convergence time" is reported
-directly as a steps-to-target ratio), entropy at start and end, mean response length, mean KL-mask fraction.
-Writes compare.md, compare.csv and PNG plots (validation accuracy, reward, entropy, KL-mask fraction vs step).
+Runs with the same label are seeds of one algorithm; the seed number in a run's name (`-seedN`) pairs runs
+across algorithms. Per run: steps, rollouts (generated responses) and training wall time to a target validation
+accuracy (a run that never reaches it is censored at its last validated step and flagged), best and final
+validation accuracy, the area under the validation curve normalised by its step span, the entropy at start and
+end (one definition for every algorithm: tepo_verl/entropy_token_mean), response length, KL-mask fraction and
+masked KL. Per algorithm: the seed mean of each, with a 95% percentile-bootstrap interval. Per baseline: the
+per-seed paired difference of the reference algorithm (TEPO) minus the baseline, with its bootstrap interval.
+Writes compare.md, compare.csv (per algorithm), compare_runs.csv (per run), compare_paired.csv and PNG plots.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import statistics
+import sys
 from collections import defaultdict
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
-from tepo_verl.report.runs import ENTROPY, MASK_FRAC, RESPONSE_LENGTH, REWARD, STEP_TIME, Run, load_runs
+from tepo_verl.report.runs import (
+    CHECKPOINT_TIME,
+    ENTROPY,
+    MASK_FRAC,
+    MASKED_KL,
+    RESPONSE_LENGTH,
+    RESPONSES_GENERATED,
+    REWARD,
+    STEP_TIME,
+    Run,
+    RunError,
+    load_runs,
+)
 
 PLOTS = {
     "val_accuracy": ("validation accuracy", Run.val_accuracy),
     "reward": ("training reward (critic/score/mean)", lambda run: run.series(REWARD)),
-    "entropy": ("policy entropy (actor/entropy)", lambda run: run.series(ENTROPY)),
-    "kl_mask_fraction": ("TEPO KL-mask fraction", lambda run: run.series(MASK_FRAC)),
+    "entropy": ("old-policy entropy, token-mean (tepo_verl/entropy_token_mean)", lambda run: run.series(ENTROPY)),
+    "kl_mask_fraction": ("TEPO KL-mask fraction (actor/tepo/mask_frac)", lambda run: run.series(MASK_FRAC)),
+    "masked_kl": ("TEPO masked KL (actor/tepo/masked_kl_mean)", lambda run: run.series(MASKED_KL)),
 }
 
+#: Per-run quantities that get a seed mean with a bootstrap interval, and a paired difference against the reference.
+CI_METRICS = ["steps_to_target", "rollouts_to_target", "wall_s_to_target", "best_val_acc", "final_val_acc",
+              "val_auc"]
+TO_TARGET = ("steps_to_target", "rollouts_to_target", "wall_s_to_target")
+CONFIDENCE = 0.95
+
+
+# ------------------------------------------------------------------ per run
 
 def steps_to_target(curve: list[tuple[int, float]], target: float) -> int | None:
     """The first step whose validation accuracy is >= target, or None."""
     return next((step for step, value in curve if value >= target), None)
 
 
-def wall_time_to(run: Run, step: int) -> float:
-    """Seconds of training (sum of verl's timing_s/step) up to and including `step`."""
-    return sum(value for s, value in run.series(STEP_TIME) if s <= step)
+def cumulative_to(run: Run, name: str, step: int) -> float | None:
+    """Sum of a per-step metric over the training steps up to and including `step`; None if the run never logs
+    it (a run that logs it on some steps only counts the missing steps as 0)."""
+    series = run.series(name)
+    return sum(value for s, value in series if s <= step) if series else None
 
 
-def _mean(values):
-    values = [v for v in values if v is not None]
-    return statistics.fmean(values) if values else math.nan
+def wall_time_to(run: Run, step: int) -> float | None:
+    """Training seconds up to and including `step`: verl's timing_s/step (generation with any regeneration,
+    log-probs, reference, update, weight sync; no validation) less its timing_s/save_checkpoint."""
+    total = cumulative_to(run, STEP_TIME, step)
+    return None if total is None else total - (cumulative_to(run, CHECKPOINT_TIME, step) or 0.0)
 
 
-def _spread(values):
-    values = [v for v in values if v is not None]
-    return statistics.stdev(values) if len(values) > 1 else 0.0 if values else math.nan
+def val_auc(curve: list[tuple[int, float]]) -> float | None:
+    """Trapezoidal area under the validation curve divided by its step span: the curve's mean accuracy over
+    training (its only value when validated once)."""
+    if not curve:
+        return None
+    steps, values = np.array([s for s, _ in curve], float), np.array([v for _, v in curve], float)
+    span = steps[-1] - steps[0]
+    return float(values[0]) if span == 0 else float(np.trapezoid(values, steps) / span)
 
 
-def _series_mean(run: Run, name: str) -> float | None:
-    """Mean of a run's metric over its steps, or None when the run never logged it."""
-    values = [v for _, v in run.series(name)]
-    return statistics.fmean(values) if values else None
+def _first_last(series):
+    return (series[0][1], series[-1][1]) if series else (None, None)
+
+
+def _mean_of(series):
+    return float(np.mean([v for _, v in series])) if series else None
+
+
+def run_row(run: Run, target: float) -> dict:
+    """One run's numbers. A run that never reaches the target is censored at its last validated step: its
+    steps/rollouts/time to target are those of that step (lower bounds) and `censored` is True."""
+    curve = run.val_accuracy()
+    reached = steps_to_target(curve, target)
+    censored = reached is None and bool(curve)
+    at = reached if reached is not None else (curve[-1][0] if curve else None)
+    entropy_start, entropy_end = _first_last(run.series(ENTROPY))
+    return {
+        "algorithm": run.label,
+        "seed": run.seed,
+        "run": str(run.path),
+        "steps": max(run.metrics),
+        "validations": len(curve),
+        "reached": reached is not None,
+        "censored": censored,
+        "steps_to_target": at,
+        "rollouts_to_target": None if at is None else cumulative_to(run, RESPONSES_GENERATED, at),
+        "wall_s_to_target": None if at is None else wall_time_to(run, at),
+        "best_val_acc": max(v for _, v in curve) if curve else None,
+        "final_val_acc": curve[-1][1] if curve else None,
+        "val_auc": val_auc(curve),
+        "entropy_start": entropy_start,
+        "entropy_end": entropy_end,
+        "response_length": _mean_of(run.series(RESPONSE_LENGTH)),
+        "kl_mask_fraction": _mean_of(run.series(MASK_FRAC)),
+        "masked_kl": _mean_of(run.series(MASKED_KL)),
+    }
+
+
+# ------------------------------------------------------------------ statistics
+
+def _finite(values) -> np.ndarray:
+    array = np.array([np.nan if v is None else v for v in values], dtype=float)
+    return array[np.isfinite(array)]
+
+
+def bootstrap_ci(values, *, confidence: float = CONFIDENCE, n_resamples: int = 10_000,
+                 seed: int = 0) -> tuple[float, float]:
+    """Percentile-bootstrap interval of the mean of `values` (None/NaN left out): resample the values with
+    replacement `n_resamples` times with a fixed seed, and take the central `confidence` quantiles of the
+    resampled means. NaN for fewer than two values."""
+    data = _finite(values)
+    if len(data) < 2:
+        return math.nan, math.nan
+    rng = np.random.default_rng(seed)
+    means = data[rng.integers(0, len(data), size=(n_resamples, len(data)))].mean(axis=1)
+    tail = (1 - confidence) / 2
+    low, high = np.quantile(means, [tail, 1 - tail])
+    return float(low), float(high)
+
+
+def mean_of(values) -> float:
+    data = _finite(values)
+    return float(data.mean()) if len(data) else math.nan
+
+
+def group_by_label(runs: list[Run]) -> dict[str, list[Run]]:
+    groups: dict[str, list[Run]] = defaultdict(list)
+    for run in runs:
+        groups[run.label].append(run)
+    return dict(groups)
 
 
 def auto_target(runs: list[Run]) -> float:
@@ -61,54 +162,63 @@ def auto_target(runs: list[Run]) -> float:
             for step, value in run.val_accuracy():
                 per_step[step].append(value)
         if per_step:
-            best.append(max(_mean(v) for v in per_step.values()))
+            best.append(max(mean_of(v) for v in per_step.values()))
     if not best:
-        raise ValueError("no validation accuracy (val-core/*/acc|reward/mean@N) in any run: set --target")
+        raise RunError("no validation accuracy (val-core/<source>/acc|reward/mean@N) in any run: nothing to "
+                       "compare (give --target and runs that validate)")
     return 0.9 * min(best)
 
 
-def group_by_label(runs: list[Run]) -> dict[str, list[Run]]:
-    groups: dict[str, list[Run]] = defaultdict(list)
-    for run in runs:
-        groups[run.label].append(run)
-    return dict(groups)
+def per_run_table(runs: list[Run], target: float) -> pd.DataFrame:
+    rows = [run_row(run, target) for run in runs]
+    table = pd.DataFrame(rows)
+    order = table["seed"].fillna(-1)
+    return table.assign(_order=order).sort_values(["algorithm", "_order", "run"], kind="stable").drop(
+        columns="_order").reset_index(drop=True)
 
 
-def summarize(runs: list[Run], target: float) -> pd.DataFrame:
+def summarize(per_run: pd.DataFrame, *, n_resamples: int = 10_000, seed: int = 0) -> pd.DataFrame:
+    """Per algorithm: seed means (with bootstrap intervals for CI_METRICS) of the per-run table."""
     rows = []
-    for label, group in group_by_label(runs).items():
-        finals, bests, reach_steps, reach_times, ent0, ent1, lengths, masks, steps = ([] for _ in range(9))
-        for run in group:
-            curve = run.val_accuracy()
-            finals.append(curve[-1][1] if curve else None)
-            bests.append(max(v for _, v in curve) if curve else None)
-            reached = steps_to_target(curve, target)
-            reach_steps.append(reached)
-            reach_times.append(None if reached is None else wall_time_to(run, reached))
-            entropy = run.series(ENTROPY)
-            ent0.append(entropy[0][1] if entropy else None)
-            ent1.append(entropy[-1][1] if entropy else None)
-            lengths.append(_series_mean(run, RESPONSE_LENGTH))
-            masks.append(_series_mean(run, MASK_FRAC))
-            steps.append(max(run.metrics) if run.metrics else 0)
-        rows.append({
-            "algorithm": label,
-            "seeds": len(group),
-            "steps": max(steps),
-            "final_val_acc": _mean(finals),
-            "final_val_acc_std": _spread(finals),
-            "best_val_acc": _mean(bests),
-            "best_val_acc_std": _spread(bests),
-            "reached_target": f"{sum(r is not None for r in reach_steps)}/{len(group)}",
-            "steps_to_target": _mean(reach_steps),
-            "steps_to_target_std": _spread(reach_steps),
-            "wall_s_to_target": _mean(reach_times),
-            "entropy_start": _mean(ent0),
-            "entropy_end": _mean(ent1),
-            "response_length": _mean(lengths),
-            "kl_mask_fraction": _mean(masks),
-        })
-    return pd.DataFrame(rows).sort_values("algorithm", kind="stable").reset_index(drop=True)
+    for label, group in per_run.groupby("algorithm", sort=True):
+        row = {"algorithm": label, "seeds": len(group), "steps": int(group["steps"].max()),
+               "reached": int(group["reached"].sum()), "censored": int(group["censored"].sum())}
+        for name in CI_METRICS:
+            row[name] = mean_of(group[name])
+            row[f"{name}_ci_low"], row[f"{name}_ci_high"] = bootstrap_ci(group[name], n_resamples=n_resamples,
+                                                                         seed=seed)
+        for name in ("entropy_start", "entropy_end", "response_length", "kl_mask_fraction", "masked_kl"):
+            row[name] = mean_of(group[name])
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def paired_differences(per_run: pd.DataFrame, reference: str | None, *, n_resamples: int = 10_000,
+                       seed: int = 0) -> pd.DataFrame:
+    """For each baseline and CI metric: the mean over seeds present in both of (reference - baseline) of that
+    seed, with its bootstrap interval. `censored_pairs` counts pairs where either run is censored (for the
+    to-target metrics their difference is not a measured one)."""
+    columns = ["baseline", "metric", "pairs", "censored_pairs", "mean_difference", "ci_low", "ci_high", "seeds"]
+    if reference is None or reference not in set(per_run["algorithm"]):
+        return pd.DataFrame(columns=columns)
+    by_seed = {label: group.dropna(subset=["seed"]).set_index("seed")
+               for label, group in per_run.groupby("algorithm")}
+    ref = by_seed[reference]
+    rows = []
+    for baseline in sorted(set(per_run["algorithm"]) - {reference}):
+        other = by_seed[baseline]
+        seeds = sorted(set(ref.index) & set(other.index))
+        for name in CI_METRICS:
+            differences = [ref.at[s, name] - other.at[s, name] for s in seeds
+                           if pd.notna(ref.at[s, name]) and pd.notna(other.at[s, name])]
+            used = [s for s in seeds if pd.notna(ref.at[s, name]) and pd.notna(other.at[s, name])]
+            censored = sum(bool(ref.at[s, "censored"] or other.at[s, "censored"]) for s in used) \
+                if name in TO_TARGET else 0
+            low, high = bootstrap_ci(differences, n_resamples=n_resamples, seed=seed)
+            rows.append({"baseline": baseline, "metric": name, "pairs": len(differences),
+                         "censored_pairs": censored, "mean_difference": mean_of(differences),
+                         "ci_low": low, "ci_high": high, "seeds": " ".join(str(int(s)) for s in used)})
+    return pd.DataFrame(rows, columns=columns)
 
 
 def default_reference(labels) -> str | None:
@@ -121,12 +231,77 @@ def default_reference(labels) -> str | None:
 
 
 def step_ratios(table: pd.DataFrame, reference: str | None) -> dict[str, float]:
-    """steps_to_target(reference) / steps_to_target(other) for every other algorithm (< 1: reference is faster)."""
+    """mean steps_to_target(reference) / mean steps_to_target(other) for every other algorithm (< 1: reference
+    is faster); censored seeds count at their censoring step."""
     by_label = table.set_index("algorithm")["steps_to_target"]
     if reference is None or reference not in by_label:
         return {}
     return {other: by_label[reference] / value for other, value in by_label.items()
             if other != reference and value and not math.isnan(value)}
+
+
+# ------------------------------------------------------------------ output
+
+def _number(value, digits=4) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "nan"
+    return f"{value:.{digits}g}"
+
+
+def _with_ci(row, name) -> str:
+    text = _number(row[name])
+    if name in TO_TARGET and row["censored"]:
+        text = ">= " + text  # some seeds are censored: the mean is a lower bound
+    low, high = row[f"{name}_ci_low"], row[f"{name}_ci_high"]
+    return text if math.isnan(low) else f"{text} [{_number(low)}, {_number(high)}]"
+
+
+def _markdown(table: pd.DataFrame, text_columns: int) -> str:
+    """Markdown table of preformatted cells: the first `text_columns` left-aligned, the numbers right-aligned."""
+    align = ["left"] * text_columns + ["right"] * (len(table.columns) - text_columns)
+    return table.to_markdown(index=False, disable_numparse=True, colalign=align)
+
+
+def render(summary: pd.DataFrame, per_run: pd.DataFrame, paired: pd.DataFrame, target: float,
+           ratios: dict[str, float], reference: str | None) -> str:
+    shown = pd.DataFrame({
+        "algorithm": summary["algorithm"],
+        "seeds": summary["seeds"].astype(str),
+        "steps": summary["steps"].astype(str),
+        "reached": [f"{r}/{n}" for r, n in zip(summary["reached"], summary["seeds"], strict=True)],
+        **{name: [_with_ci(row, name) for _, row in summary.iterrows()] for name in CI_METRICS},
+        **{name: [_number(v) for v in summary[name]] for name in
+           ("entropy_start", "entropy_end", "response_length", "kl_mask_fraction", "masked_kl")},
+    })
+    lines = [f"Target validation accuracy: {target:.4f}", "",
+             f"Per algorithm: seed mean [{CONFIDENCE:.0%} bootstrap interval over seeds]; '>=' marks a lower "
+             "bound (some seeds never reached the target and count at their last validated step).", "",
+             _markdown(shown, text_columns=1), ""]
+    runs_shown = per_run[["algorithm", "seed", "steps", "reached", "steps_to_target", "rollouts_to_target",
+                          "wall_s_to_target", "best_val_acc", "final_val_acc", "val_auc", "entropy_start",
+                          "entropy_end"]].copy()
+    runs_shown["seed"] = [("-" if pd.isna(s) else str(int(s))) for s in runs_shown["seed"]]
+    runs_shown["reached"] = ["yes" if r else ("censored" if c else "no validation")
+                             for r, c in zip(per_run["reached"], per_run["censored"], strict=True)]
+    for name in runs_shown.columns[4:]:
+        runs_shown[name] = [_number(v) for v in runs_shown[name]]
+    lines += ["Per run:", "", _markdown(runs_shown.astype(str), text_columns=1), ""]
+    if len(paired):
+        lines += [f"Paired by seed: {reference} minus baseline, mean [{CONFIDENCE:.0%} bootstrap interval]:", ""]
+        shown_pairs = paired.assign(
+            mean_difference=[_number(v) for v in paired["mean_difference"]],
+            ci=[("nan" if math.isnan(lo) else f"[{_number(lo)}, {_number(hi)}]")
+                for lo, hi in zip(paired["ci_low"], paired["ci_high"], strict=True)],
+        )[["baseline", "metric", "pairs", "censored_pairs", "mean_difference", "ci", "seeds"]]
+        lines += [_markdown(shown_pairs.astype(str), text_columns=2), ""]
+    for other, ratio in ratios.items():
+        change = f"{(1 - ratio) * 100:.1f}% fewer" if ratio <= 1 else f"{(ratio - 1) * 100:.1f}% more"
+        lines.append(f"steps-to-target {reference} / {other} = {ratio:.3f} ({change} steps for {reference})")
+    missing = sorted(per_run.loc[per_run["entropy_start"].isna(), "run"])
+    if missing:
+        lines.append(f"no {ENTROPY} in {len(missing)} run(s) (logged by tepo-verl's hook in verl's v1 trainer): "
+                     + ", ".join(missing))
+    return "\n".join(lines) + "\n"
 
 
 def plot(runs: list[Run], out_dir: Path) -> list[Path]:
@@ -147,7 +322,7 @@ def plot(runs: list[Run], out_dir: Path) -> list[Path]:
             if not per_step:
                 continue
             xs = sorted(per_step)
-            means = [_mean(per_step[x]) for x in xs]
+            means = [mean_of(per_step[x]) for x in xs]
             (line,) = ax.plot(xs, means, marker="o", markersize=3, label=f"{label} (n={len(group)}, mean, min-max)")
             if len(group) > 1:
                 ax.fill_between(xs, [min(per_step[x]) for x in xs], [max(per_step[x]) for x in xs],
@@ -165,14 +340,6 @@ def plot(runs: list[Run], out_dir: Path) -> list[Path]:
     return written
 
 
-def render(table: pd.DataFrame, target: float, ratios: dict[str, float], reference: str) -> str:
-    lines = [f"Target validation accuracy: {target:.4f}", "", table.to_markdown(index=False, floatfmt=".4g"), ""]
-    for other, ratio in ratios.items():
-        change = f"{(1 - ratio) * 100:.1f}% fewer" if ratio <= 1 else f"{(ratio - 1) * 100:.1f}% more"
-        lines.append(f"steps-to-target {reference} / {other} = {ratio:.3f} ({change} steps for {reference})")
-    return "\n".join(lines) + "\n"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tepo-verl compare", description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", help="verl file-logger .jsonl files or folders, optionally LABEL=PATH "
@@ -180,23 +347,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", type=float, default=None,
                         help="validation accuracy to reach (default: 90%% of the lowest best mean accuracy)")
     parser.add_argument("--reference", default=None,
-                        help="algorithm whose steps-to-target ratios are reported (default: tepo, or tepo-<model>)")
-    parser.add_argument("--out", type=Path, default=Path("compare"), help="folder for compare.md/.csv and PNGs")
+                        help="algorithm compared with every other one (default: tepo, or tepo-<model>)")
+    parser.add_argument("--out", type=Path, default=Path("compare"), help="folder for the tables and PNGs")
+    parser.add_argument("--resamples", type=int, default=10_000, help="bootstrap resamples (default 10000)")
+    parser.add_argument("--bootstrap-seed", type=int, default=0, help="bootstrap RNG seed (default 0)")
     parser.add_argument("--no-plots", action="store_true")
     args = parser.parse_args(argv)
 
-    runs = load_runs(args.runs)
-    target = auto_target(runs) if args.target is None else args.target
-    table = summarize(runs, target)
-    reference = args.reference or default_reference(table["algorithm"])
-    ratios = step_ratios(table, reference)
-    text = render(table, target, ratios, reference)
-    args.out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(args.out / "compare.csv", index=False)
-    (args.out / "compare.md").write_text(text, encoding="utf-8")
+    try:
+        runs = load_runs(args.runs)
+        target = auto_target(runs) if args.target is None else args.target
+        per_run = per_run_table(runs, target)
+        labels = sorted(set(per_run["algorithm"]))
+        reference = args.reference or default_reference(labels)
+        if args.reference is not None and args.reference not in labels:
+            raise RunError(f"--reference {args.reference} is not one of the algorithms: {', '.join(labels)}")
+        options = {"n_resamples": args.resamples, "seed": args.bootstrap_seed}
+        summary = summarize(per_run, **options)
+        paired = paired_differences(per_run, reference, **options)
+        ratios = step_ratios(summary, reference)
+        text = render(summary, per_run, paired, target, ratios, reference)
+        args.out.mkdir(parents=True, exist_ok=True)
+        summary.to_csv(args.out / "compare.csv", index=False)
+        per_run.to_csv(args.out / "compare_runs.csv", index=False)
+        paired.to_csv(args.out / "compare_paired.csv", index=False)
+        (args.out / "compare.md").write_text(text, encoding="utf-8")
+    except (RunError, OSError) as error:
+        print(f"tepo-verl compare: error: {error}", file=sys.stderr)
+        return 2
     plots = [] if args.no_plots else plot(runs, args.out)
     print(text)
-    print(f"wrote {args.out / 'compare.md'}, {args.out / 'compare.csv'}" + "".join(f", {p}" for p in plots))
+    print(f"wrote {args.out / 'compare.md'}, {args.out / 'compare.csv'}, {args.out / 'compare_runs.csv'}, "
+          f"{args.out / 'compare_paired.csv'}" + "".join(f", {p}" for p in plots))
     return 0
 
 
