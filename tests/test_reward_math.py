@@ -61,10 +61,9 @@ ANSWER_TABLE = [
     ("\\boxed{10\\%}", "10", False),  # math-verify reads 10\% as 0.1
     # multiple answers
     ("\\boxed{2, 3}", "3, 2", True),
-    ("\\boxed{2} and \\boxed{3}", "2, 3", True),
+    ("\\boxed{2} and \\boxed{3}", "2, 3", False),  # the last box alone is the answer
     ("\\boxed{2}", "2, 3", False),
     ("\\boxed{3, 5}", "3", False),
-    ("First \\boxed{41}, corrected: \\boxed{42}", "42", False),  # two boxes are one set answer: no hedging
     # no answer
     ("I don't know.", "5", False),
     ("", "5", False),
@@ -75,6 +74,35 @@ ANSWER_TABLE = [
     ("Answer: 42", "42", True),  # the DAPO template's form
     ("we have 12 eggs and sell 3, so 9 remain", "9", True),
 ]
+
+# The maths-RL convention: the final answer is the last \boxed{...}. Cases written for this project, each with the
+# verdict that the convention gives and the one that a different reading would give.
+LAST_BOX_TABLE = [
+    # a boxed draft that the response goes on to correct: only the correction counts
+    ("40+3 is \\boxed{42}. Wait, that is wrong: 40+3=43, so \\boxed{43}.", "43", True),
+    ("40+3 is \\boxed{42}. Wait, that is wrong: 40+3=43, so \\boxed{43}.", "42", False),
+    ("First \\boxed{41}, corrected: \\boxed{42}", "42", True),
+    ("First \\boxed{41}, corrected: \\boxed{42}", "41", False),
+    ("\\boxed{\\frac{1}{3}} no, recomputing gives \\boxed{\\frac{2}{3}}", "\\frac23", True),
+    # text after the last box is not an answer, even an answer-like phrase or a final expression
+    ("\\boxed{8}. The final answer is 9", "8", True),
+    ("\\boxed{8}. The final answer is 9", "9", False),
+    ("So \\boxed{7}. Check: 3+4=7 and 12-5=7, so 12", "12", False),
+    # a final box that is cut off (e.g. by the length limit) is no answer; the earlier closed box does not count
+    ("\\boxed{5} hmm, actually \\boxed{6", "5", False),
+    ("\\boxed{5} hmm, actually \\boxed{6", "6", False),
+    ("\\boxed{5} and then \\boxed{}", "5", False),
+    # forms of the box: \\fbox, the brace-less `\\boxed 5`, a space before the brace, nested and escaped braces
+    ("\\boxed{2} then \\fbox{3}", "3", True),
+    ("so the answer is $\\boxed 5$.", "5", True),
+    ("\\boxed {12}", "12", True),
+    ("\\boxed{\\frac{1}{\\sqrt{4}}}", "\\frac12", True),
+    ("\\boxed{\\{1, 2\\}} after \\boxed{1}", "\\{1,2\\}", False),
+    ("\\boxed{1} after \\boxed{\\{1, 2\\}}", "\\{1,2\\}", True),
+    # no box at all: math-verify reads the whole response (the DAPO template's `Answer:` form)
+    ("Answer: 17", "17", True),
+]
+ANSWER_TABLE = ANSWER_TABLE + LAST_BOX_TABLE
 TABLE_IDS = [f"{i}:{resp[:30]}|{gold}" for i, (resp, gold, _) in enumerate(ANSWER_TABLE)]
 RESULT_KEYS = {"score", "acc", "pred"}
 
@@ -118,15 +146,71 @@ def test_unknown_isolation_names_valid_values():
         compute_score("x", "\\boxed{1}", "1", isolation="threads")
 
 
-def test_hanging_input_is_cut_at_timeout_and_pool_recovers():
+def test_last_boxed_extraction():
+    from tepo_verl.reward.grader import last_boxed
+
+    assert last_boxed("no box here") is None
+    assert last_boxed("\\boxed{1} then \\boxed{2}") == "2"
+    assert last_boxed("\\boxed{\\frac{a}{b}} x") == "\\frac{a}{b}"
+    assert last_boxed("\\boxed{\\{1\\}}") == "\\{1\\}"  # escaped braces are content
+    assert last_boxed("\\boxed{1} \\boxed{2") == ""  # the last box is cut off: no answer
+    assert last_boxed("\\boxed 7 and more") == "7"
+    assert last_boxed("\\boxed 7$.") == "7"
+    assert last_boxed("\\fbox{3}") == "3"
+    assert last_boxed("text \\boxed") == ""
+    assert last_boxed("\\boxed{" * 50_000) == ""  # linear, no recursion
+
+
+def test_default_time_bound_is_at_most_5_s_and_holds_for_a_hanging_input():
     """`9^{9^{9^{9}}}` makes sympy compute a huge power (C code, no Python timeout can interrupt it)."""
-    compute_score("x", "\\boxed{1}", "1")  # start the pool first, so the measurement is the timeout alone
+    import inspect
+
+    from tepo_verl.reward.math_reward import DEFAULT_TIMEOUT_S
+
+    assert DEFAULT_TIMEOUT_S <= 5.0
+    assert inspect.signature(compute_score).parameters["timeout_s"].default == DEFAULT_TIMEOUT_S
+    compute_score("x", "\\boxed{1}", "1")  # start the pool first: its one-off start is not charged to a call
     start = time.monotonic()
-    result = compute_score("x", "\\boxed{9^{9^{9^{9}}}}", "9", timeout_s=1.0)
+    result = compute_score("x", "\\boxed{9^{9^{9^{9}}}}", "9")  # the defaults
     elapsed = time.monotonic() - start
     assert result == {"score": 0.0, "acc": 0.0, "pred": ""}
-    assert elapsed < 8.0, f"timed-out grading took {elapsed:.1f} s"
+    assert elapsed <= DEFAULT_TIMEOUT_S + 0.5, f"timed-out grading took {elapsed:.1f} s"
     assert compute_score("x", "\\boxed{7}", "7")["acc"] == 1.0  # a fresh worker replaced the killed one
+
+
+def test_time_bound_includes_waiting_behind_a_stuck_grading():
+    """With one worker stuck on a hanging input, a call queued behind it still returns within its own bound."""
+    from tepo_verl.reward.pool import GraderTimeout
+
+    pool = GraderPool(max_workers=1)
+    try:
+        pool.grade("\\boxed{1}", ("1",), 30.0)  # started
+        with ThreadPoolExecutor(max_workers=2) as threads:
+            stuck = threads.submit(pool.grade, "\\boxed{9^{9^{9^{9}}}}", ("9",), 3.0)
+            time.sleep(0.3)
+            start = time.monotonic()
+            queued = threads.submit(pool.grade, "\\boxed{2}", ("2",), 1.0)
+            with pytest.raises(GraderTimeout):
+                queued.result()
+            assert time.monotonic() - start < 1.5
+            with pytest.raises(GraderTimeout):
+                stuck.result()
+        assert pool.grade("\\boxed{4}", ("4",), 30.0) == (True, "4")  # the worker was replaced
+    finally:
+        pool.close()
+
+
+def test_no_silent_unbounded_fallback_when_workers_cannot_run(monkeypatch):
+    import tepo_verl.reward.math_reward as math_reward
+
+    class Broken:
+        def grade(self, *args):
+            raise OSError("no processes in this sandbox")
+
+    monkeypatch.setattr(math_reward, "shared_pool", lambda: Broken())
+    with pytest.raises(RuntimeError, match="no processes in this sandbox.*isolation='inline'"):
+        compute_score("x", "\\boxed{1}", "1")
+    assert compute_score("x", "\\boxed{1}", "1", isolation="inline")["acc"] == 1.0  # the explicit choice
 
 
 def test_math_verify_signal_timeouts_fail_in_threads_but_ours_do_not():

@@ -45,13 +45,62 @@ def parse_gold(ground_truth: str) -> tuple[Any, ...]:
     return tuple(gold)
 
 
+#: The box commands whose content is a final answer (`\\fbox` is what some models write instead).
+BOX_COMMANDS = ("\\boxed", "\\fbox")
+
+
+def last_boxed(solution: str) -> str | None:
+    """The content of the LAST `\\boxed{...}` (or `\\fbox{...}`, or the `\\boxed 5` form) in a response.
+
+    None when the response has no box at all; "" when the last box is empty or never closed (a truncated final
+    answer is no answer, even if an earlier box was closed). Braces are matched with nesting, and escaped
+    braces (`\\{`, `\\}`) are content, not delimiters. Linear in the response length.
+    """
+    start = max(solution.rfind(command) for command in BOX_COMMANDS)
+    if start < 0:
+        return None
+    command = next(c for c in BOX_COMMANDS if solution.startswith(c, start))
+    after = start + len(command)
+    i = after
+    while i < len(solution) and solution[i] == " ":
+        i += 1
+    if i >= len(solution) or solution[i] != "{":
+        if i == after:  # `\\boxedx`, or the box is the very end of the text
+            return ""
+        word = solution[i:].split(None, 1)[0] if solution[i:].strip() else ""  # `\\boxed 5`: the next word
+        return word.split("$", 1)[0]
+    depth, j = 0, i
+    while j < len(solution):
+        char = solution[j]
+        if char == "\\":
+            j += 2
+            continue
+        if char == "{":
+            depth += 1
+        elif char == "}":
+            depth -= 1
+            if depth == 0:
+                return solution[i + 1 : j]
+        j += 1
+    return ""
+
+
 def extract_answer(solution: str) -> tuple[list[Any], str]:
     """Parse a model response: (math-verify's extraction list, the extracted answer as a string, "" if none).
 
-    math-verify prefers the last `\\boxed{...}`, then phrases such as "the final answer is", then the last
-    expression. The string is math-verify's normalised LaTeX of the match (e.g. `0.5` becomes `\\frac{1}{2}`).
+    The maths-RL convention: the final answer is the content of the last `\\boxed{...}`; an earlier boxed
+    draft that the response goes on to correct does not count, and neither does anything after the last box.
+    Only a response with no box at all is read as a whole by math-verify (phrases such as "the final answer
+    is", then the last expression), for templates that ask for `Answer: ...`. The string is math-verify's
+    normalised LaTeX of the match (e.g. `0.5` becomes `\\frac{1}{2}`).
     """
-    pred = parse(solution, _PRED_TARGETS, parsing_timeout=None)
+    boxed = last_boxed(solution)
+    if boxed is None:
+        pred = parse(solution, _PRED_TARGETS, parsing_timeout=None)
+    elif not boxed.strip():
+        return [], ""
+    else:
+        pred = parse("\\boxed{" + boxed + "}", _GOLD_TARGETS, parsing_timeout=None)
     strings = [item for item in pred if isinstance(item, str)]
     return pred, (strings[-1] if strings else "")
 

@@ -10,8 +10,14 @@ in a thread of the asyncio loop's default executor (`loop.run_in_executor(None, 
 "score"; every other key becomes a per-sample `reward_extra_info` column (the keys must be the same for every
 sample), "acc" is what verl's validation metrics average, and "pred" is what its maj@N vote counts.
 
-Time bound: with isolation="process" (the default) each grading runs in a pebble worker process that is killed
-past `timeout_s`; with isolation="inline" it runs in the calling thread, bounded only by `max_response_chars`.
+The final answer is the content of the last `\\boxed{...}` (see `grader.extract_answer`); math-verify decides
+whether it equals a reference answer.
+
+Time bound: with isolation="process" (the default) a call returns within `timeout_s` (default 5 s) of wall
+time whatever the response: the grading runs in a pebble worker process that is killed at the deadline, and a
+timeout scores as incorrect. If worker processes cannot run at all, grading raises with the fix rather than
+fall back to an unbounded grading. With isolation="inline" (opt-in) it runs in the calling thread, bounded only
+by `max_response_chars`.
 """
 
 from __future__ import annotations
@@ -27,7 +33,8 @@ logger = logging.getLogger(__name__)
 
 #: Valid values of `isolation`.
 ISOLATIONS = ("process", "inline")
-DEFAULT_TIMEOUT_S = 10.0
+#: Wall-clock limit per response (queueing included), seconds.
+DEFAULT_TIMEOUT_S = 5.0
 #: Only the last this-many characters of a response are graded (the final answer is at the end; the cap keeps
 #: math-verify's regex scan and the inter-process copy bounded for runaway generations).
 DEFAULT_MAX_RESPONSE_CHARS = 32_768
@@ -95,24 +102,19 @@ def grade_response(
     except GraderTimeout as error:
         logger.warning("math reward: %s; scored as incorrect", error)
         return False, "", True
-    except RuntimeError as error:
+    except (RuntimeError, OSError) as error:
         if "bootstrapping phase" in str(error):  # multiprocessing's error for a script without a main guard
             raise RuntimeError(
                 "tepo_verl.reward: the grader pool starts worker processes, which re-import the main script; "
                 "put the calling code under `if __name__ == '__main__':`, or pass isolation='inline' "
                 "(or set TEPO_REWARD_ISOLATION=inline)"
             ) from error
-        logger.warning("math reward: grader pool failed (%r); grading inline", error)
-        from tepo_verl.reward.grader import grade
-
-        correct, pred = grade(text, golds)
-        return correct, pred, False
-    except OSError as error:  # e.g. the pool could not start in this sandbox: grade in this thread
-        logger.warning("math reward: grader pool failed (%r); grading inline", error)
-        from tepo_verl.reward.grader import grade
-
-        correct, pred = grade(text, golds)
-        return correct, pred, False
+        # No silent fallback: in-process grading has no time bound (a C-level sympy power holds the GIL), so it
+        # is only ever the user's explicit choice.
+        raise RuntimeError(
+            f"tepo_verl.reward: the grader worker processes cannot run here ({error!r}); grading without them has "
+            "no time bound, so choose it explicitly: isolation='inline' (or TEPO_REWARD_ISOLATION=inline)"
+        ) from error
 
 
 def compute_score(
