@@ -1,12 +1,18 @@
-"""`tepo-verl COMMAND ...`: one entry point for the project's tools (each is also `python -m MODULE`)."""
+"""`tepo-verl COMMAND ...`: one entry point for the project's tools (each is also `python -m MODULE`).
+
+Bad input gets a one-line error and a non-zero exit from each command; anything a command does not expect is
+also turned into one line here (TEPO_VERL_DEBUG=1 re-raises it with the traceback).
+"""
 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 #: command -> (module:function taking argv, one-line help)
 COMMANDS = {
+    "demo": ("tepo_verl.demo:main", "TEPO vs GRPO vs DAPO through verl's real trainer on CPU, then the comparison"),
     "data": ("tepo_verl.data.cli:main", "convert maths data sets to verl parquet; contamination check"),
     "eval": ("tepo_verl.evaluation.cli:main", "avg@k / pass@k / maj@k per benchmark from validation generations"),
     "compare": ("tepo_verl.report.compare:main", "compare algorithms from verl file-logger runs (table, plots)"),
@@ -32,7 +38,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tepo-verl: unknown command {name!r}; valid: {', '.join(COMMANDS)}\n\n{usage()}", file=sys.stderr)
         return 2
     module, function = COMMANDS[name][0].split(":")
-    return int(getattr(importlib.import_module(module), function)(rest) or 0)
+    try:
+        return int(getattr(importlib.import_module(module), function)(rest) or 0)
+    except KeyboardInterrupt:
+        print(f"tepo-verl {name}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as error:  # noqa: BLE001 - the last guard: one line, never a traceback
+        if os.environ.get("TEPO_VERL_DEBUG") == "1":
+            raise
+        first = (str(error).strip().splitlines() or [""])[0]
+        print(f"tepo-verl {name}: error: {type(error).__name__}: {first} (TEPO_VERL_DEBUG=1 shows the traceback)",
+              file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

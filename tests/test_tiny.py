@@ -8,13 +8,10 @@ import json
 from pathlib import Path
 
 import pytest
+import torch  # noqa: F401  (required: the builder trains with it; no skip, a missing one is a failure)
 
 from tepo_verl.tiny import reward, task
 from tepo_verl.tiny.build import TinySpec, build
-
-pytest.importorskip("transformers")
-pytest.importorskip("pyarrow")
-torch = pytest.importorskip("torch")
 
 #: Small enough to build in a few seconds.
 SMALL = dataclasses.replace(TinySpec(), train_size=64, val_size=16, warmup_steps=12, warmup_batch=16)
@@ -118,3 +115,44 @@ def test_cli(tmp_path, capsys):
 )
 def test_reward(response, score):
     assert reward.compute_score(task.DATA_SOURCE, response, "122") == score
+
+
+def test_default_model_size_and_answer_length():
+    """The figures the docs state: ~150k parameters, and 2-digit answers with the default operands 10..49."""
+    from transformers import Qwen2ForCausalLM
+
+    from tepo_verl.tiny.build import _model_config
+
+    spec = TinySpec()
+    model = Qwen2ForCausalLM(_model_config(spec))
+    assert sum(p.numel() for p in model.parameters()) == 149_568
+    assert spec.a_range == spec.b_range == task.A_RANGE == task.B_RANGE == (10, 49)
+    sums = {a + b for a, b in task.all_problems()}
+    assert min(sums) == 20 and max(sums) == 98
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--print", "weights"], "unknown --print field 'weights'; valid: model, train, val, reward, reward_name, dir"),
+        (["--warmup-steps", "-1"], "--warmup-steps must be >= 0, got -1"),
+        (["--val-size", "0"], "--train-size and --val-size must be >= 1, got 1024 and 0"),
+        (["--train-size", "1500"], "--train-size + --val-size = 1628 exceeds the 1600 distinct problems"),
+    ],
+)
+def test_cli_bad_input_is_one_line_before_any_build(argv, message, tmp_path, capsys):
+    from tepo_verl.tiny.__main__ import main
+
+    out = tmp_path / "never-built"
+    assert main(["build", "--out", str(out), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
+    assert not out.exists()
+
+
+def test_cli_out_is_a_file(tmp_path, capsys):
+    from tepo_verl.tiny.__main__ import main
+
+    (tmp_path / "f").write_text("x")
+    assert main(["build", "--out", str(tmp_path / "f")]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err

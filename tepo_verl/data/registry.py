@@ -1,8 +1,8 @@
 """The known data sets: where each lives on the Hugging Face hub, its field names, and its offline file name.
 
 Hub ids and fields are those of the public copies most RL-for-maths work uses (checked against their loaders;
-a hub copy may change: override with `--local NAME=PATH`). The offline names are the files of
-shared/data/math_eval/ (`problem`, `answer`).
+a hub copy may change: override with `--local NAME=PATH`). The offline names are the file names that
+`--local-dir` looks for (jsonl with `problem` and `answer` fields).
 """
 
 from __future__ import annotations

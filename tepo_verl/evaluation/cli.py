@@ -18,6 +18,7 @@ from tepo_verl.evaluation.grading import grade_samples
 from tepo_verl.evaluation.report import build_table, to_markdown, to_text, write_csv
 from tepo_verl.evaluation.samples import SourceMap, read_records, resolve_files, to_samples
 from tepo_verl.reward import ISOLATIONS
+from tepo_verl.reward.math_reward import DEFAULT_TIMEOUT_S
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,7 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--k", nargs="+", type=int, help="pass@k values (default 1, 2, 4, ... up to n)")
     parser.add_argument("--use-saved", action="store_true", help="trust saved acc/pred instead of regrading")
     parser.add_argument("--threads", type=int, default=8, help="grading threads (default 8)")
-    parser.add_argument("--timeout", type=float, default=10.0, help="seconds per grading (default 10)")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                        help=f"seconds per response, a timeout scores incorrect (default {DEFAULT_TIMEOUT_S:g})")
     parser.add_argument("--isolation", choices=ISOLATIONS, help="grader isolation (default: process)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
@@ -42,6 +44,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.k is not None and any(k < 1 for k in args.k):
             raise ValueError(f"--k values must be >= 1, got {args.k}")
+        if args.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {args.threads}")
+        if not args.timeout > 0:
+            raise ValueError(f"--timeout must be a positive number of seconds, got {args.timeout}")
+        if args.out_dir is not None and args.out_dir.exists() and not args.out_dir.is_dir():
+            raise ValueError(f"--out-dir {args.out_dir} is a file, not a folder")
         records = read_records(resolve_files(args.inputs, args.step), args.step)
         source_map = SourceMap(args.datasets) if args.datasets else None
         samples = to_samples(records, source_map, args.data_source)
@@ -50,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
             isolation=args.isolation, progress=not args.no_progress,
         )
         rows = build_table(samples, args.k)
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, OSError) as error:  # OSError: missing/unreadable files; pyarrow's errors are ValueErrors
         print(f"error: {error}", file=sys.stderr)
         return 2
     print(to_text(rows), end="")

@@ -1,4 +1,4 @@
-"""`python -m tepo_verl.tiny build [--out DIR] [--seed N] [--force] [--print KEY]`."""
+"""`python -m tepo_verl.tiny build [--out DIR] [--seed N] [--force] [--print KEY] [--dry-run]`."""
 
 from __future__ import annotations
 
@@ -6,6 +6,29 @@ import argparse
 import dataclasses
 import json
 import sys
+from pathlib import Path
+
+
+#: What `--print` can print: the manifest's paths and the build folder.
+PRINT_FIELDS = ("model", "train", "val", "reward", "reward_name", "dir")
+
+
+def _check(args: argparse.Namespace, spec) -> None:
+    """Reject bad arguments before the (minute-long) build starts, naming the bad value and the valid ones."""
+    from tepo_verl.tiny import task
+
+    if args.field is not None and args.field not in PRINT_FIELDS:
+        raise ValueError(f"unknown --print field {args.field!r}; valid: {', '.join(PRINT_FIELDS)}")
+    if spec.warmup_steps < 0:
+        raise ValueError(f"--warmup-steps must be >= 0, got {spec.warmup_steps}")
+    if spec.val_size < 1 or spec.train_size < 1:
+        raise ValueError(f"--train-size and --val-size must be >= 1, got {spec.train_size} and {spec.val_size}")
+    available = len(task.all_problems(tuple(spec.a_range), tuple(spec.b_range)))
+    if spec.train_size + spec.val_size > available:
+        raise ValueError(f"--train-size + --val-size = {spec.train_size + spec.val_size} exceeds the {available} "
+                         f"distinct problems of operands {spec.a_range[0]}..{spec.a_range[1]}")
+    if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
+        raise ValueError(f"--out {args.out} is a file, not a folder")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -20,18 +43,30 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--train-size", type=int, default=TinySpec.train_size)
     b.add_argument("--val-size", type=int, default=TinySpec.val_size)
     b.add_argument("--force", action="store_true", help="rebuild even if a matching build exists")
+    b.add_argument("--dry-run", action="store_true",
+                   help="build nothing: print where the build is (or would be) and whether it exists")
     b.add_argument("--print", dest="field", default=None,
-                   help="print only this path (model, train, val, reward, reward_name, dir) instead of the manifest")
+                   help=f"print only this path ({', '.join(PRINT_FIELDS)}) instead of the manifest")
     args = parser.parse_args(argv)
 
     spec = dataclasses.replace(TinySpec(), seed=args.seed, warmup_steps=args.warmup_steps,
                                train_size=args.train_size, val_size=args.val_size)
-    log = (lambda msg: print(msg, file=sys.stderr)) if args.field else print
-    manifest = build(args.out, spec, force=args.force, log=log)
+    try:
+        _check(args, spec)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        from tepo_verl.tiny.build import default_cache_root, paths
+
+        out = Path(args.out) if args.out is not None else default_cache_root() / spec.key()
+        manifest = {"key": spec.key(), "spec": dataclasses.asdict(spec), "paths": paths(out),
+                    "built": (out / "manifest.json").is_file()}
+    else:
+        log = (lambda msg: print(msg, file=sys.stderr)) if args.field else print
+        manifest = build(args.out, spec, force=args.force, log=log)
     if args.field:
         if args.field == "dir":
-            from pathlib import Path
-
             print(Path(manifest["paths"]["model"]).parent)
         else:
             print(manifest["paths"][args.field])

@@ -34,7 +34,7 @@ BUILDER_VERSION = 1
 @dataclasses.dataclass(frozen=True)
 class TinySpec:
     seed: int = 0
-    # model: ~0.3M parameters
+    # model: 149,568 parameters (~150k; tied embeddings, vocabulary 278)
     hidden_size: int = 64
     num_layers: int = 2
     num_heads: int = 2  # head_dim = 32: vLLM's CPU attention refuses head_dim < 32
@@ -46,8 +46,9 @@ class TinySpec:
     b_range: tuple[int, int] = (10, 49)
     train_size: int = 1024
     val_size: int = 128
-    # warm-up: 800 steps gives ~27% sampled accuracy; this tiny model learns the task abruptly (~3% at 1000
-    # steps and ~96% at 1500 steps on operands 10..99), so the step count sets where on that curve it starts.
+    # warm-up: with the default operands 10..49, 800 steps gives 27% sampled (T=1) accuracy on the validation
+    # problems (measured at build time and recorded in the manifest). The accuracy climbs steeply with the
+    # step count, so the step count sets where on that curve the RL runs start.
     warmup_steps: int = 800
     warmup_batch: int = 64
     warmup_lr: float = 3e-3

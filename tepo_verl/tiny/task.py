@@ -1,7 +1,8 @@
 """The synthetic verifiable maths task: multi-digit addition, "What is 37+45?" -> "82".
 
 Rows follow verl's RL dataset schema: data_source, prompt (chat list), ability, reward_model.ground_truth
-(and style), extra_info. The answer has 2 digits (3 with operands up to 99), i.e. 2-3 tokens with the byte-level tokenizer.
+(and style), extra_info. With the default operands 10..49 the answer (20..98) has 2 digits, i.e. 2 tokens with the
+byte-level tokenizer.
 """
 
 from __future__ import annotations
