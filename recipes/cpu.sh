@@ -17,6 +17,10 @@
 #   TINY_DIR  a tiny build to use (default: built or reused from ~/.cache/tepo-verl/tiny, about a minute once)
 #   N         rollouts per prompt (default 4), BATCH prompts per step (default 4)
 #   PYTHON    interpreter (default: python)
+#   DRY_RUN=1 print the composed config (`--cfg job`) and start nothing: no training, no tiny build, no version
+#             check, so it works on any machine with verl installed
+#   QUIET=1   verl's output goes to $RUN_DIR/console.log only, not to stdout (`tepo-verl demo` uses it)
+#   COMPARE=0 skip the comparison table at the end
 # Extra arguments are passed to verl after the recipe's own, so they override them.
 set -euo pipefail
 
@@ -42,15 +46,23 @@ if ! [[ "$STEPS" =~ ^[1-9][0-9]*$ ]]; then
   exit 2
 fi
 
+if ! [[ "$MINI" =~ ^[1-9][0-9]*$ && "$BATCH" =~ ^[1-9][0-9]*$ && "$N" =~ ^[1-9][0-9]*$ ]] || (( BATCH % MINI )); then
+  echo "recipes/cpu.sh: BATCH, MINI and N must be positive integers with MINI dividing BATCH, got BATCH='$BATCH' MINI='$MINI' N='$N'" >&2
+  exit 2
+fi
+DRY_RUN="${DRY_RUN:-0}"
+
 if [[ -n "${RUN_DIR:-}" ]]; then
   RUNS_ROOT="${RUNS_ROOT:-$(dirname "$RUN_DIR")}"
 else
   RUNS_ROOT="${RUNS_ROOT:-$REPO/runs/cpu}"
   RUN_DIR="$RUNS_ROOT/$ALGO-seed$SEED"
 fi
-mkdir -p "$RUN_DIR"
-RUN_DIR="$(cd "$RUN_DIR" && pwd)"
-RUNS_ROOT="$(cd "$RUNS_ROOT" && pwd)"
+if [[ "$DRY_RUN" != 1 ]]; then
+  mkdir -p "$RUN_DIR"
+  RUN_DIR="$(cd "$RUN_DIR" && pwd)"
+  RUNS_ROOT="$(cd "$RUNS_ROOT" && pwd)"
+fi
 
 # The CPU mode of the plugin (tepo_verl/cpu) in every process, and the environment it needs.
 export TEPO_VERL_CPU=1
@@ -62,22 +74,24 @@ export RAY_DEDUP_LOGS=0
 export TOKENIZERS_PARALLELISM=false
 export HYDRA_FULL_ERROR=1
 export VERL_FILE_LOGGER_PATH="${VERL_FILE_LOGGER_PATH:-$RUN_DIR/metrics.jsonl}"
+# transfer_queue asks torch for 8 threads and warns (hundreds of lines from every Ray worker) on smaller machines.
+export TQ_NUM_THREADS="${TQ_NUM_THREADS:-$("$PY" -c 'import psutil; print(min(8, psutil.cpu_count(logical=False) or 1))')}"
 
-"$PY" -m tepo_verl.cpu.versions >/dev/null || { "$PY" -m tepo_verl.cpu.versions; exit 1; }
-
-if [[ -z "${TINY_DIR:-}" ]]; then
-  TINY_DIR="$("$PY" -m tepo_verl.tiny build --print dir)"
+if [[ "$DRY_RUN" == 1 ]]; then
+  TINY_DIR="${TINY_DIR:-$("$PY" -m tepo_verl.tiny build --print dir --dry-run)}"
+  unset TEPO_VERL_CPU VERL_PLATFORM VERL_ENGINE_DEVICE   # composing the config needs no CPU mode
 else
-  "$PY" -m tepo_verl.tiny build --out "$TINY_DIR" --print dir >/dev/null
+  "$PY" -m tepo_verl.cpu.versions >/dev/null || { "$PY" -m tepo_verl.cpu.versions; exit 1; }
+  if [[ -z "${TINY_DIR:-}" ]]; then
+    TINY_DIR="$("$PY" -m tepo_verl.tiny build --print dir)"
+  else
+    "$PY" -m tepo_verl.tiny build --out "$TINY_DIR" --print dir >/dev/null
+  fi
 fi
 MODEL="$TINY_DIR/model"
 REWARD="$("$PY" -c 'import tepo_verl.tiny.reward as r; print(r.__file__)')"
 
-echo "[cpu.sh] ALGO=$ALGO STEPS=$STEPS RUN_DIR=$RUN_DIR TINY_DIR=$TINY_DIR"
-echo "[cpu.sh] file logger: $VERL_FILE_LOGGER_PATH"
-
-cd "$RUN_DIR"
-set -o pipefail
+run_verl() {
 "$PY" -m verl.trainer.main_ppo \
   "algorithm=$ALGO" \
   data.train_files="$TINY_DIR/data/train.parquet" \
@@ -134,8 +148,25 @@ set -o pipefail
   ray_kwargs.ray_init.num_cpus=16 \
   +ray_kwargs.ray_init.num_gpus=1 \
   transfer_queue.backend.SimpleStorage.num_data_storage_units=1 \
-  "$@" 2>&1 | tee "$RUN_DIR/console.log"
+  "$@"
+}
 
+if [[ "$DRY_RUN" == 1 ]]; then
+  run_verl "$@" --cfg job     # the composed config on stdout, verl's warnings on stderr
+  exit $?
+fi
+
+echo "[cpu.sh] ALGO=$ALGO STEPS=$STEPS RUN_DIR=$RUN_DIR TINY_DIR=$TINY_DIR"
+echo "[cpu.sh] file logger: $VERL_FILE_LOGGER_PATH"
+cd "$RUN_DIR"
+set -o pipefail
+if [[ "${QUIET:-0}" == 1 ]]; then
+  run_verl "$@" > "$RUN_DIR/console.log" 2>&1
+else
+  run_verl "$@" 2>&1 | tee "$RUN_DIR/console.log"
+fi
+
+[[ "${COMPARE:-1}" == 0 ]] && exit 0
 # The comparison table over every run under RUNS_ROOT (run other ALGO/SEED values to fill it in).
 echo "[cpu.sh] comparison of the runs under $RUNS_ROOT:"
 "$PY" -m tepo_verl.report.compare "$RUNS_ROOT" --out "$RUNS_ROOT/compare"

@@ -1,0 +1,94 @@
+"""Helpers for the end-to-end tests of verl's real trainer on CPU (a plain module, imported as `conftest_e2e`
+after putting this folder on sys.path, like conftest_data).
+
+`require_cpu_stack()` skips with the reason on a machine without the tested CPU stack, and FAILS under CI=true:
+CI installs the stack, so a missing or mismatched one (or a plugin that no longer loads the CPU mode) is a bug
+there, never a reason to test less. `run_recipe()` runs recipes/cpu.sh and returns what verl logged.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+def skip_or_fail(reason: str) -> None:
+    """Skip with the reason on a developer machine; fail under CI=true."""
+    if in_ci():
+        pytest.fail(f"CI=true and {reason}", pytrace=False)
+    pytest.skip(f"{reason} (a smaller test set on this machine; CI=true fails instead)")
+
+
+def cpu_stack_problem() -> str | None:
+    """Why verl's trainer cannot run on this machine's CPU (None when it can)."""
+    if importlib.util.find_spec("vllm") is None:
+        return "vllm is not installed (install the CPU stack: bash tepo_verl/cpu/install_cpu.sh)"
+    if importlib.util.find_spec("verl") is None:
+        return "verl is not installed"
+    from tepo_verl.cpu.versions import mismatches
+
+    bad = mismatches()
+    if bad:
+        return "the tested CPU stack is not installed: " + "; ".join(bad)
+    from tepo_verl.verl_adapter import plugin
+
+    if "maybe_install" not in Path(plugin.__file__).read_text():
+        return "the plugin entry point no longer loads tepo_verl.cpu (the maybe_install hook in plugin.py changed)"
+    return None
+
+
+def require_cpu_stack() -> None:
+    problem = cpu_stack_problem()
+    if problem is not None:
+        skip_or_fail(problem)
+
+
+def metric(data: dict, name: str):
+    """A logged value by its name with or without verl's `actor/` worker prefix (None when absent)."""
+    for key in (name, f"actor/{name}"):
+        if key in data:
+            return data[key]
+    return None
+
+
+def run_recipe(run_dir: Path, algo: str, steps: int, *overrides: str, **env: str) -> dict:
+    """`ALGO=algo STEPS=steps bash recipes/cpu.sh overrides...` into run_dir; returns its console and records.
+
+    The console goes to run_dir/pytest-console.log too. Fails the calling test with the end of the console when
+    the recipe fails or the file logger wrote nothing.
+    """
+    full_env = dict(os.environ, ALGO=algo, STEPS=str(steps), RUN_DIR=str(run_dir), PYTHON=sys.executable,
+                    COMPARE="0", **env)
+    full_env.pop("VERL_FILE_LOGGER_PATH", None)
+    proc = subprocess.run(
+        ["bash", str(REPO / "recipes" / "cpu.sh"), *overrides], env=full_env, cwd=REPO, capture_output=True,
+        text=True, timeout=int(os.environ.get("TEPO_E2E_TIMEOUT", "900")),
+    )
+    console = proc.stdout + proc.stderr
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "pytest-console.log").write_text(console)
+    if proc.returncode != 0:
+        pytest.fail(f"recipes/cpu.sh ALGO={algo} failed (rc={proc.returncode}):\n{console[-6000:]}", pytrace=False)
+    jsonl = run_dir / "metrics.jsonl"
+    if not jsonl.exists():
+        pytest.fail(f"verl's file logger wrote nothing at {jsonl}:\n{console[-3000:]}", pytrace=False)
+    logged = [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
+    return {
+        "dir": run_dir,
+        "console": console,
+        "logged": logged,
+        "by_step": {record["step"]: record["data"] for record in logged},
+        "records": [record for record in logged if record["step"] >= 1],  # step 0: validation before training
+    }

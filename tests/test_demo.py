@@ -1,0 +1,133 @@
+"""`tepo-verl demo` (the main job of `make demo`): its console lines, its handling of verl's JSONL as it grows,
+its failures, and the whole driver around a stand-in for recipes/cpu.sh (the real recipe runs in the e2e tests
+and in `make demo`)."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from tepo_verl import demo
+
+FAKE_RECIPE = textwrap.dedent(
+    """\
+    #!/usr/bin/env bash
+    # Stands in for recipes/cpu.sh: writes verl-like file-logger records one by one, and its log.
+    set -euo pipefail
+    echo "verl would print hundreds of lines here" > "$RUN_DIR/console.log"
+    [[ "${FAKE_FAIL:-}" == "$ALGO" ]] && { echo "Traceback: boom in $ALGO" >> "$RUN_DIR/console.log"; exit 3; }
+    acc=0.25
+    for step in $(seq 0 "$STEPS"); do
+      data="{\\"training/global_step\\": $step"
+      (( step > 0 )) && data="$data, \\"critic/score/mean\\": 0.5"
+      (( step == 0 || step % TEST_FREQ == 0 || step == STEPS )) && data="$data, \\"val-core/tepo_tiny_addition/acc/mean@1\\": $acc"
+      [[ "$ALGO" == dapo && $step == 1 ]] && data="$data, \\"training/filter_groups/evicted_samples\\": 8"
+      [[ "$ALGO" == tepo ]] && data="$data, \\"actor/tepo/mask_frac\\": 0.1"
+      printf '%s' "{\\"step\\": $step, \\"data\\": $data}}" >> "$RUN_DIR/metrics.jsonl"   # a line being written
+      sleep 0.2
+      printf '\\n' >> "$RUN_DIR/metrics.jsonl"
+      acc=0.3$step
+    done
+    """
+)
+
+
+@pytest.fixture
+def fake_recipe(tmp_path, monkeypatch):
+    script = tmp_path / "fake_cpu.sh"
+    script.write_text(FAKE_RECIPE)
+    monkeypatch.setattr(demo, "RECIPE", script)
+    monkeypatch.setattr(demo, "check_stack", lambda: None)
+    monkeypatch.setattr(demo, "prepare_tiny", lambda: "[tiny] stand-in")
+    monkeypatch.chdir(tmp_path)
+    return script
+
+
+def test_progress_line_shows_step_reward_validation_and_regeneration():
+    record = {"step": 3, "data": {"critic/score/mean": 0.4375, "val-core/x/acc/mean@1": 0.28125,
+                                  "training/filter_groups/evicted_samples": 12}}
+    line = demo.progress_line("dapo", record, 6, started=0.0)
+    assert line.startswith("[dapo] step 3/6  reward 0.438  val acc 0.281  regenerated 12 all-equal groups")
+    before = demo.progress_line("tepo", {"step": 0, "data": {"val-core/x/acc/mean@1": 0.25}}, 6, started=0.0)
+    assert "step 0/6" in before and "val acc 0.250 (before training)" in before and "reward" not in before
+
+
+def test_records_wait_for_complete_lines(tmp_path):
+    path = tmp_path / "m.jsonl"
+    assert demo._records(path, 0) == ([], 0)
+    path.write_text('{"step": 0, "data": {}}\n{"step": 1, "da')
+    records, seen = demo._records(path, 0)
+    assert [r["step"] for r in records] == [0] and seen == 1
+    path.write_text('{"step": 0, "data": {}}\n{"step": 1, "data": {}}\n')
+    records, seen = demo._records(path, seen)
+    assert [r["step"] for r in records] == [1] and seen == 2
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--algos", "tepo,ppo"], "unknown algorithm 'ppo' in --algos; valid: dapo, grpo, gspo, tepo, tepo_nomask"),
+        (["--algos", ","], "--algos names no preset"),
+        (["--algos", "tepo,tepo"], "--algos repeats a preset"),
+    ],
+)
+def test_bad_algos_one_line(argv, message, capsys):
+    assert demo.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {message}\n" or (err.startswith(f"error: {message}") and err.count("\n") == 1), err
+
+
+def test_bad_steps_is_argparse_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        demo.main(["--steps", "0"])
+    assert exit_info.value.code == 2
+    assert "--steps: must be a positive integer, got '0'" in capsys.readouterr().err
+
+
+def test_missing_cpu_stack_is_one_line(monkeypatch, capsys):
+    monkeypatch.setattr(demo, "check_stack", lambda: "the CPU stack is not the tested one (verl: installed 0.9.0)")
+    assert demo.main([]) == 1
+    assert capsys.readouterr().err == "error: the CPU stack is not the tested one (verl: installed 0.9.0)\n"
+
+
+def test_whole_driver_with_a_stand_in_recipe(fake_recipe, tmp_path, capsys):
+    """Three runs, one line per logged step, the compact comparison table and the plot paths, in few lines."""
+    assert demo.main(["--steps", "4", "--test-freq", "2", "--runs-root", "runs"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    for algo in ("tepo", "grpo", "dapo"):
+        steps = [line for line in lines if line.startswith(f"[{algo}] step ")]
+        assert [line.split()[2] for line in steps] == [f"{k}/4" for k in range(5)], steps
+        assert "val acc 0.250 (before training)" in steps[0]
+        assert "val acc 0.31" in steps[2] and "val acc" not in steps[1] and "val acc 0.33" in steps[4]
+        assert f"[{algo}] done in" in out
+        assert (tmp_path / "runs" / f"{algo}-seed1" / "console.log").exists()  # verl's output went to the run
+    assert "regenerated 8 all-equal groups" in out
+    assert "verl would print" not in out
+    # the comparison: the compact per-algorithm table and the plot paths
+    table_start = lines.index(next(line for line in lines if line.startswith("algorithm")))
+    rows = {line.split()[0] for line in lines[table_start + 2: table_start + 5]}
+    assert rows == {"tepo", "grpo", "dapo"}
+    assert (tmp_path / "runs" / "compare" / "compare.csv").exists()
+    plots = next(line for line in lines if line.startswith("Plots: "))
+    assert "val_accuracy.png" in plots
+    assert len(lines) <= 60, out
+
+
+def test_a_failed_run_stops_with_its_log_tail(fake_recipe, monkeypatch, capsys):
+    monkeypatch.setenv("FAKE_FAIL", "grpo")
+    assert demo.main(["--steps", "2", "--runs-root", "runs"]) == 1
+    captured = capsys.readouterr()
+    assert "[tepo] done in" in captured.out and "[dapo]" not in captured.out
+    assert "error: grpo: recipes/cpu.sh failed (exit 3)" in captured.err
+    assert "Traceback: boom in grpo" in captured.err  # the end of verl's log, to see why
+
+
+def test_demo_reruns_start_clean(fake_recipe, tmp_path, capsys):
+    run = tmp_path / "runs" / "tepo-seed1"
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 99, "data": {}}) + "\n")
+    assert demo.main(["--algos", "tepo", "--steps", "1", "--runs-root", "runs"]) == 0
+    assert "step 99" not in capsys.readouterr().out

@@ -1,0 +1,154 @@
+"""The newcomer's two commands (Makefile), CI (.ci/run), the CPU recipe's dry run, and the rule that a missing
+prerequisite skips a test only off CI: under CI=true it fails."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from _pytest.outcomes import Failed, Skipped
+from omegaconf import OmegaConf
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import conftest_data  # noqa: E402
+import conftest_e2e  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ---- skip off CI, fail on CI -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("module", [conftest_e2e, conftest_data])
+@pytest.mark.parametrize("ci, outcome", [("true", Failed), ("1", Failed), ("", Skipped), ("false", Skipped)])
+def test_missing_prerequisite_fails_under_ci_and_skips_with_the_reason_elsewhere(module, ci, outcome, monkeypatch):
+    monkeypatch.setenv("CI", ci)
+    with pytest.raises(outcome) as info:
+        module.skip_or_fail("the thing is missing")
+    assert "the thing is missing" in str(info.value)
+
+
+def test_missing_shared_folder_fails_under_ci(monkeypatch, tmp_path):
+    monkeypatch.setattr(conftest_data, "MATH_EVAL_DIR", tmp_path / "shared" / "data" / "math_eval")
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(Failed, match="offline maths evaluation sets are not at"):
+        conftest_data.math_eval_dir()
+    monkeypatch.delenv("CI")
+    with pytest.raises(Skipped, match="CI=true fails instead"):
+        conftest_data.math_eval_dir()
+
+
+def test_mismatched_cpu_stack_fails_the_e2e_tests_under_ci(monkeypatch):
+    pytest.importorskip("vllm", reason="the check of the stack's versions runs only where vllm is installed")
+    from tepo_verl.cpu import versions
+
+    monkeypatch.setattr(versions, "mismatches", lambda installed=None: ["verl: installed 0.9.0, required 0.9.1"])
+    assert "verl: installed 0.9.0, required 0.9.1" in conftest_e2e.cpu_stack_problem()
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(Failed, match="CI=true and the tested CPU stack is not installed"):
+        conftest_e2e.require_cpu_stack()
+
+
+def test_changed_plugin_hook_fails_the_e2e_tests_under_ci(monkeypatch, tmp_path):
+    pytest.importorskip("vllm", reason="the hook is checked after the stack, which needs vllm")
+    from tepo_verl.cpu import versions
+    from tepo_verl.verl_adapter import plugin
+
+    monkeypatch.setattr(versions, "mismatches", lambda installed=None: [])
+    changed = tmp_path / "plugin.py"
+    changed.write_text("def _install():\n    pass  # the CPU mode is no longer loaded\n")
+    monkeypatch.setattr(plugin, "__file__", str(changed))
+    assert "maybe_install hook" in conftest_e2e.cpu_stack_problem()
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(Failed, match="no longer loads tepo_verl.cpu"):
+        conftest_e2e.require_cpu_stack()
+
+
+def test_this_machine_has_what_ci_needs_when_ci_is_set():
+    """Under CI=true nothing may be missing: the stack, the plugin hook and ../shared are all there."""
+    if not conftest_e2e.in_ci():
+        pytest.skip("checks CI's machine; set CI=true to run it (as .ci/run does)")
+    assert conftest_e2e.cpu_stack_problem() is None
+    assert (conftest_data.MATH_EVAL_DIR / "README.md").is_file()
+
+
+# ---- make demo / make test / .ci/run --------------------------------------------------------------------------
+
+def _make_dry(target: str, venv: Path) -> list[str]:
+    proc = subprocess.run(["make", "-n", target, f"VENV={venv}"], cwd=REPO, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.splitlines()
+
+
+@pytest.mark.parametrize("target, runs", [("demo", "-m tepo_verl.demo"), ("test", "-m pytest")])
+def test_make_targets_set_up_a_fresh_venv_then_run(target, runs, tmp_path):
+    venv = tmp_path / "venv"
+    lines = _make_dry(target, venv)
+    text = "\n".join(lines)
+    assert f"python3 -m venv {venv}" in text  # created when missing
+    order = [next(i for i, line in enumerate(lines) if needle in line) for needle in
+             ("pip install -q --disable-pip-version-check torch==2.13.0", "pip install -q --disable-pip-version-check -e '.[test]'",
+              "bash tepo_verl/cpu/install_cpu.sh", "touch", runs)]
+    assert order == sorted(order), lines  # torch, the package, the CPU stack, the stamp, then the job
+    assert lines[-1].startswith(f"{venv}/bin/python {runs}")
+
+
+def test_second_make_skips_the_set_up(tmp_path):
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    time.sleep(0.01)
+    (venv / ".tepo-verl-installed").touch()  # newer than setup.py and the CPU installer
+    os.utime(venv / ".tepo-verl-installed", (time.time() + 5, time.time() + 5))
+    lines = _make_dry("test", venv)
+    assert lines == [f"{venv}/bin/python -m pytest "], lines
+
+
+def test_ci_runs_make_test_with_ci_set():
+    script = (REPO / ".ci" / "run").read_text()
+    commands = [line.strip() for line in script.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    assert "make test" in commands
+    assert 'export CI="${CI:-true}"' in commands
+    assert commands.index('export CI="${CI:-true}"') < commands.index("make test")
+
+
+# ---- recipes/cpu.sh DRY_RUN=1 -------------------------------------------------------------------------------------
+
+def test_cpu_recipe_dry_run_prints_the_config_and_starts_nothing(tmp_path):
+    pytest.importorskip("verl", reason="composing verl's config needs verl")
+    run_dir = tmp_path / "runs" / "grpo-seed1"
+    env = dict(os.environ, DRY_RUN="1", ALGO="grpo", STEPS="7", RUN_DIR=str(run_dir), PYTHON=sys.executable,
+               TEPO_VERL_CACHE=str(tmp_path / "cache"))
+    started = time.monotonic()
+    proc = subprocess.run(["bash", str(REPO / "recipes" / "cpu.sh"), "trainer.test_freq=2"], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    config = OmegaConf.create(proc.stdout)  # stdout is the composed config alone
+    assert config.algorithm.adv_estimator == "grpo"
+    assert config.trainer.total_training_steps == 7
+    assert config.trainer.test_freq == 2  # extra arguments go to verl last
+    assert config.actor_rollout_ref.actor.ppo_mini_batch_size == 2
+    assert config.data.train_files.startswith(str(tmp_path / "cache"))
+    # nothing started: no run folder, no tiny build, no trainer
+    assert not run_dir.exists() and not (tmp_path / "runs").exists()
+    assert not (tmp_path / "cache").exists()
+    assert "TaskRunner" not in proc.stdout + proc.stderr
+    assert time.monotonic() - started < 120
+
+
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"ALGO": "ppo"}, "unknown ALGO='ppo'. Valid: dapo, grpo, gspo, tepo, tepo_nomask"),
+        ({"STEPS": "0"}, "STEPS must be a positive integer, got '0'"),
+        ({"MINI": "3"}, "MINI dividing BATCH, got BATCH='4' MINI='3'"),
+    ],
+)
+def test_cpu_recipe_bad_settings(env, message, tmp_path):
+    proc = subprocess.run(["bash", str(REPO / "recipes" / "cpu.sh")], env={**os.environ, "DRY_RUN": "1", **env},
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert message in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
