@@ -3,7 +3,8 @@
 Measured side by side in one run (interleaved repetitions, median time per loss), so the ratios are meaningful
 on a noisy machine. Memory is the bytes autograd saves for backward (every tensor kept alive between forward and
 backward, counted once per storage), which is device-independent; on CUDA the peak allocated memory is also
-reported. Targets (issue 4): TEPO time <= 1.15 x GSPO; extra memory <= three (B, T) float32 tensors.
+reported. The loss is elementwise over (B, T): at real scale its cost is small next to the model's, which
+benchmarks/step_cost.py measures in verl's real trainer.
 
     python benchmarks/loss_cost.py --batch 64 --length 4096 --dtype float32 bfloat16
 """
@@ -68,7 +69,7 @@ def main():
     device = torch.device(args.device)
     configs = {
         "vanilla": actor_config(["+algorithm=dapo"]),
-        "gspo": actor_config(["+algorithm=tepo", "actor_rollout_ref.actor.policy_loss.loss_mode=gspo"]),
+        "gspo": actor_config(["+algorithm=gspo"]),
         "tepo": actor_config(["+algorithm=tepo"]),
     }
     print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "

@@ -17,6 +17,8 @@ use them. Each patched function keeps the original as `__tepo_cpu_stock__`.
 4. Reference model: verl builds forward-only FSDP2 engines with `CPUOffloadPolicy(pin_memory=True)`; pinning
    needs an accelerator ("Cannot access accelerator device when none is available"). On CPU the policy is
    built with pin_memory=False.
+5. The actor's memory: verl's accelerator memory metrics read 0 on CPU, so each update_actor call logs the
+   process's peak RSS during the update (memory.py).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ import sys
 import threading
 from multiprocessing import shared_memory
 from typing import Callable
+
+from tepo_verl.cpu.memory import patch_update_peak_memory
 
 # ------------------------------------------------------------------------------------------------------------
 # post-import hooks
@@ -219,6 +223,7 @@ PATCHES: dict[str, Callable] = {
     "verl.workers.rollout.vllm_rollout.bucketed_weight_transfer": patch_bucketed_weight_transfer,
     "vllm.model_executor.layers.utils": patch_vllm_cpu_gemm,
     "verl.workers.engine.fsdp.transformer_impl": patch_fsdp_offload_policy,
+    "verl.workers.engine_workers": patch_update_peak_memory,
 }
 
 

@@ -1,0 +1,39 @@
+"""The CPU mode's update-memory metric: peak RSS of one update, measured with Linux's resettable VmHWM."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tepo_verl.cpu import memory
+
+
+def test_peak_rss_resets_and_sees_a_later_allocation():
+    big = bytearray(300 * 1024**2)  # touched: 300 MiB resident
+    big[:: 4096] = b"\1" * len(big[:: 4096])
+    del big
+    memory.reset_peak_rss()
+    after_reset = memory.peak_rss_bytes()
+    assert after_reset < memory.rss_bytes() + 64 * 1024**2  # the 300 MiB peak is forgotten
+    small = bytearray(100 * 1024**2)
+    small[:: 4096] = b"\1" * len(small[:: 4096])
+    peak = memory.peak_rss_bytes()
+    del small
+    assert peak - after_reset > 90 * 1024**2
+
+
+def test_the_wrapped_train_mini_batch_keeps_verl_dispatch_attributes():
+    code = (
+        "import verl.workers.engine_workers as w\n"
+        "from verl.single_controller.base.decorator import MAGIC_ATTR\n"
+        "from tepo_verl.cpu.memory import patch_update_peak_memory\n"
+        "stock = w.TrainingWorker.train_mini_batch\n"
+        "patch_update_peak_memory(w)\n"
+        "patch_update_peak_memory(w)\n"  # idempotent: wraps the stock function once
+        "new = w.TrainingWorker.train_mini_batch\n"
+        "assert new is not stock and new.__tepo_cpu_stock__ is stock\n"
+        "assert getattr(new, MAGIC_ATTR) == getattr(stock, MAGIC_ATTR)\n"
+        "print('ok')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-3000:]

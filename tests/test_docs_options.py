@@ -1,0 +1,44 @@
+"""The README's options table and the mask-rule table in docs/algorithm.md say what the code does."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+from tepo_verl.core import MASK_RULES, TepoOptions
+from tepo_verl.core.options import CHOICES
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _table_after(text: str, heading: str) -> list[list[str]]:
+    """Rows (cells stripped of backticks) of the first markdown table after `heading`."""
+    section = text[text.index(heading + "\n"):]
+    rows = []
+    for line in section.splitlines()[1:]:
+        if line.startswith("|"):
+            rows.append([cell.strip().replace("`", "") for cell in line.strip().strip("|").split("|")])
+        elif rows:
+            break
+    return rows[2:]  # drop the header row and the --- row
+
+
+def test_readme_options_table_matches_tepo_options():
+    rows = {row[0]: row for row in _table_after((REPO / "README.md").read_text(), "## Options")}
+    defaults = TepoOptions()
+    assert list(rows) == list(TepoOptions.field_names())
+    for field in dataclasses.fields(TepoOptions):
+        _, default, values, _ = rows[field.name][:4]
+        assert default == str(getattr(defaults, field.name)), field.name
+        if field.name in CHOICES:
+            listed = re.split(r"[,/ ]+", values.strip())
+            assert sorted(listed) == sorted(CHOICES[field.name]), field.name
+
+
+def test_mask_rule_table_in_the_docs_matches_the_code():
+    for doc in ("README.md", "docs/algorithm.md"):
+        rows = {row[0]: row for row in _table_after((REPO / doc).read_text(), "### Mask rules")}
+        assert list(rows) == list(MASK_RULES), doc
+        for name, rule in MASK_RULES.items():
+            assert rows[name][1] == rule.test, (doc, name)
