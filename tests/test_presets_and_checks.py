@@ -206,3 +206,22 @@ def test_a_load_failure_is_loud_and_selecting_tepo_raises_it():
     assert "[tepo-verl] ERROR: the TEPO plugin failed to load" in result.stderr
     assert "RuntimeError: tepo-verl failed to load, so 'tepo' cannot run" in result.stderr
     assert "UnsupportedVerlVersion" in result.stderr
+
+
+def test_every_preset_name_resolves_to_our_file_and_nothing_else():
+    """The presets live in verl's own `algorithm` config group: if verl (or another plugin) ever ships an
+    algorithm/<name>.yaml of the same name, a composed preset could silently be theirs. Only tepo-verl's search
+    path entry may provide each name."""
+    from importlib.resources import files
+
+    from hydra import initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    ours = sorted(p.name[:-len(".yaml")] for p in (files("tepo_verl.config") / "algorithm").iterdir()
+                  if p.name.endswith(".yaml"))
+    assert set(PRESETS) <= set(ours)
+    with initialize_config_module(config_module="verl.trainer.config", version_base=None):
+        sources = GlobalHydra.instance().config_loader().get_sources()
+        for name in ours:
+            providers = [s.provider for s in sources if s.is_config(f"algorithm/{name}")]
+            assert providers == ["tepo-verl"], (name, providers)

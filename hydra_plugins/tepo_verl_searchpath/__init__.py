@@ -6,4 +6,6 @@ from hydra.plugins.search_path_plugin import SearchPathPlugin
 
 class TepoVerlSearchPathPlugin(SearchPathPlugin):
     def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
-        search_path.append(provider="tepo-verl", path="pkg://tepo_verl.config")
+        # Idempotent: Hydra's plugin scan and the plugin's direct registration may both run it.
+        if not any(element.provider == "tepo-verl" for element in search_path.get_path()):
+            search_path.append(provider="tepo-verl", path="pkg://tepo_verl.config")
