@@ -242,7 +242,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    env = dict(os.environ, PYTHON=sys.executable)
+    # The recipe and verl's workers use this interpreter and its environment's tools, activated or not (make).
+    bin_dir = str(Path(sys.executable).parent)
+    env = dict(os.environ, PYTHON=sys.executable, PATH=os.pathsep.join([bin_dir, os.environ.get("PATH", "")]))
+    if (Path(bin_dir).parent / "pyvenv.cfg").is_file():
+        env["VIRTUAL_ENV"] = str(Path(bin_dir).parent)
     problem = check_stack()
     if problem:
         print(f"error: {problem}", file=sys.stderr)

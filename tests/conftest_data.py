@@ -3,7 +3,7 @@ top-level `tests` package, so nothing here may be imported as `tests.xxx`).
 
 Test modules import it as `import conftest_data` after putting this folder on sys.path. Functions that need
 something absent skip the calling test with the reason, except under CI=true, where CI provides everything
-(the offline data folder shared/ beside the clone, the test extras) and a missing piece fails the test.
+(the offline data folder beside the clone, the test extras) and a missing piece fails the test.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-#: shared/ sits beside the repository (here /work/shared next to /work/main; in CI a copy beside the clone).
+#: The offline data folder sits beside the repository (CI puts it beside the clone).
 SHARED_DIR = REPO_ROOT.parent / "shared"
 MATH_EVAL_DIR = SHARED_DIR / "data" / "math_eval"
 
-#: Rows of each shipped evaluation file (shared/data/math_eval/README.md).
+#: Rows of each offline evaluation file (as its folder's README.md states).
 MATH_EVAL_ROWS = {
     "aime24": 30,
     "aime25": 30,
@@ -41,8 +41,8 @@ def skip_or_fail(reason: str) -> None:
 def math_eval_dir() -> Path:
     """The offline evaluation sets; skips the calling test when they are absent (fails under CI=true)."""
     if not (MATH_EVAL_DIR / "README.md").is_file():
-        skip_or_fail(f"the offline maths evaluation sets are not at {MATH_EVAL_DIR} (the shared/ folder beside "
-                     "the repository)")
+        skip_or_fail(f"the offline maths evaluation sets are not at {MATH_EVAL_DIR} (the offline data folder "
+                     "beside the repository)")
     return MATH_EVAL_DIR
 
 
