@@ -69,8 +69,8 @@ def run_recipe(run_dir: Path, algo: str, steps: int, *overrides: str, **env: str
     The console goes to run_dir/pytest-console.log too. Fails the calling test with the end of the console when
     the recipe fails or the file logger wrote nothing.
     """
-    full_env = dict(os.environ, ALGO=algo, STEPS=str(steps), RUN_DIR=str(run_dir), PYTHON=sys.executable,
-                    COMPARE="0", **env)
+    full_env = {**os.environ, "ALGO": algo, "STEPS": str(steps), "RUN_DIR": str(run_dir), "PYTHON": sys.executable,
+                "COMPARE": "0", **env}
     full_env.pop("VERL_FILE_LOGGER_PATH", None)
     proc = subprocess.run(
         ["bash", str(REPO / "recipes" / "cpu.sh"), *overrides], env=full_env, cwd=REPO, capture_output=True,

@@ -1,80 +1,74 @@
 """End to end: verl 0.9.1's real trainer runs TEPO on CPU (recipes/cpu.sh), checked from verl's own logs.
 
-Runs `ALGO=tepo STEPS=3 bash recipes/cpu.sh` (python -m verl.trainer.main_ppo: Ray, FSDP2 actor, vLLM rollout)
-on the tiny addition task, then reads the file logger's JSONL and the console. About 3-4 minutes on 2 cores.
-Skipped unless the tested CPU stack (tepo_verl/cpu/install_cpu.sh) is installed. Marked `e2e`.
+Three runs of `python -m verl.trainer.main_ppo` (Ray, FSDP2 actor, vLLM rollout) on the tiny addition task, each
+read back from the file logger's JSONL and the console:
+
+- `tepo_run`: the `tepo` preset as shipped, two PPO mini-batches per step (the second update is off-policy);
+- `nomask_run`: the same seed and settings with the KL mask off (`mask_rule=off`): the off-policy update runs
+  without the penalty (that the penalty changes the update is shown bit for bit in
+  tests/test_penalty_changes_update.py: verl 0.9.1's trainer orders each step's rollout requests by random group
+  ids, so two trainer runs with the same seed do not sample the same responses);
+- `onpolicy_run`: one mini-batch per step (current == old policy), the current entropy computed and the literal
+  `old` mask rule, where the algorithm's invariants must hold exactly.
+
+About 2 minutes each on 2 cores. Without the tested CPU stack the tests skip with the reason; under CI=true they
+fail instead (conftest_e2e). Marked `e2e`.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import math
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-STEPS = 3
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import conftest_e2e  # noqa: E402
+from conftest_e2e import metric, run_recipe  # noqa: E402
 
-#: The TEPO loss's metrics for the tepo preset (surprisal mask, entropies present), as verl logs them from the
-#: actor worker (verl prefixes worker metrics with `actor/`).
+pytestmark = pytest.mark.e2e
+
+STEPS = 3
+BATCH, N = 4, 4  # the recipe's defaults: prompts per step, rollouts per prompt
+MASK = "actor_rollout_ref.actor.policy_loss.tepo.mask_rule"
+
+#: The TEPO loss's metrics for the shipped `tepo` preset (mask rule surprisal_old, on the old policy's stored
+#: log-probs and entropy; the current entropy is not computed), as verl logs them from the actor worker.
 TEPO_METRICS = [
     "tepo/mask_frac", "tepo/masked_kl_mean", "tepo/seq_ratio_mean", "tepo/seq_ratio_min", "tepo/seq_ratio_max",
-    "tepo/seq_clipfrac", "tepo/entropy", "tepo/entropy_delta", "tepo/mask_rule/surprisal",
-    "tepo/mask_fallback_used",
+    "tepo/seq_clipfrac", "tepo/mask_rule/surprisal_old", "tepo/mask_fallback_used",
 ]
 
 
-def _skip_reason() -> str | None:
-    if importlib.util.find_spec("vllm") is None:
-        return "vllm is not installed (install the CPU stack: bash tepo_verl/cpu/install_cpu.sh)"
-    if importlib.util.find_spec("verl") is None:
-        return "verl is not installed"
-    from tepo_verl.cpu.versions import mismatches
-
-    bad = mismatches()
-    if bad:
-        return "the tested CPU stack is not installed: " + "; ".join(bad)
-    from tepo_verl.verl_adapter import plugin
-
-    if "maybe_install" not in Path(plugin.__file__).read_text():
-        return "the plugin entry point does not load tepo_verl.cpu (hook missing in plugin._install)"
-    return None
-
-
-pytestmark = [pytest.mark.e2e, pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))]
-
-
-def _metric(data: dict, name: str):
-    for key in (name, f"actor/{name}"):
-        if key in data:
-            return data[key]
-    return None
+@pytest.fixture(scope="module", autouse=True)
+def cpu_stack():
+    conftest_e2e.require_cpu_stack()
 
 
 @pytest.fixture(scope="module")
-def tepo_run(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("cpu-runs") / "tepo-seed1"  # the recipe's own naming: <algo>-seed<n>
-    env = dict(os.environ, ALGO="tepo", STEPS=str(STEPS), RUN_DIR=str(run_dir), PYTHON=sys.executable)
-    env.pop("VERL_FILE_LOGGER_PATH", None)
-    proc = subprocess.run(
-        ["bash", str(REPO / "recipes" / "cpu.sh")], env=env, cwd=REPO, capture_output=True, text=True,
-        timeout=int(os.environ.get("TEPO_E2E_TIMEOUT", "600")),
-    )
-    console = proc.stdout + proc.stderr
-    (run_dir / "pytest-console.log").write_text(console)
-    assert proc.returncode == 0, f"recipes/cpu.sh failed (rc={proc.returncode}):\n{console[-6000:]}"
-    jsonl = run_dir / "metrics.jsonl"
-    assert jsonl.exists(), f"verl's file logger wrote nothing at {jsonl}:\n{console[-3000:]}"
-    logged = [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
-    records = [record for record in logged if record["step"] >= 1]  # step 0: validation before training
-    return {"dir": run_dir, "console": console, "records": records, "logged": logged}
+def runs_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("cpu-runs")
 
+
+@pytest.fixture(scope="module")
+def tepo_run(runs_root):
+    return run_recipe(runs_root / "tepo-seed1", "tepo", STEPS, COMPARE="1")
+
+
+@pytest.fixture(scope="module")
+def nomask_run(runs_root):
+    return run_recipe(runs_root / "nomask" / "tepo-seed1", "tepo", STEPS, f"{MASK}=off")
+
+
+@pytest.fixture(scope="module")
+def onpolicy_run(runs_root):
+    return run_recipe(runs_root / "onpolicy" / "tepo-seed1", "tepo", STEPS, "actor_rollout_ref.actor.calculate_entropy=True",
+                      f"{MASK}=old", MINI=str(BATCH))
+
+
+# ---- the shipped preset, off-policy second mini-batch ------------------------------------------------------------
 
 def test_every_step_logged(tepo_run):
     steps = [record["step"] for record in tepo_run["logged"]]
@@ -91,11 +85,10 @@ def test_tepo_estimator_ran_in_trainer(tepo_run):
     assert re.search(r"'loss_mode': 'tepo'", console)
     assert "tepo-verl failed to load" not in console and "[tepo-verl] ERROR" not in console
     # the estimator itself announces that it ran, from the trainer process
-    assert re.search(r"\(TaskRunnerV1 pid=\d+\)\S* \[tepo-verl\] advantage estimator 'tepo' ran: 16 responses in 4 groups",
-                     console), "no line from the tepo advantage estimator in the trainer's console"
+    assert re.search(rf"\(TaskRunnerV1 pid=\d+\)\S* \[tepo-verl\] advantage estimator 'tepo' ran: {BATCH * N} "
+                     rf"responses in {BATCH} groups", console), "no line from the tepo advantage estimator"
     for record in tepo_run["records"]:
         data = record["data"]
-        # the advantage step ran (timed by the trainer) and produced finite advantages
         assert "timing_s/adv" in data, sorted(data)
         for name in ("critic/advantages/mean", "critic/advantages/max", "critic/advantages/min"):
             assert math.isfinite(data[name]), (name, data[name])
@@ -104,46 +97,46 @@ def test_tepo_estimator_ran_in_trainer(tepo_run):
 def test_tepo_loss_ran_in_actor_with_all_metrics_finite(tepo_run):
     for record in tepo_run["records"]:
         data = record["data"]
-        missing = [name for name in TEPO_METRICS if _metric(data, name) is None]
+        missing = [name for name in TEPO_METRICS if metric(data, name) is None]
         assert not missing, f"step {record['step']}: TEPO metrics missing {missing}; logged: {sorted(data)}"
         for name in TEPO_METRICS:
-            value = _metric(data, name)
+            value = metric(data, name)
             assert isinstance(value, (int, float)) and math.isfinite(value), (record["step"], name, value)
-        assert 0.0 <= _metric(data, "tepo/mask_frac") <= 1.0
+        assert 0.0 <= metric(data, "tepo/mask_frac") <= 1.0
 
 
-def test_configured_mask_rule_ran_on_stored_entropies(tepo_run):
+def test_configured_mask_rule_ran_on_the_stored_tensors(tepo_run):
     for record in tepo_run["records"]:
         data = record["data"]
-        assert _metric(data, "tepo/mask_rule/surprisal") == 1.0, record["step"]
-        assert _metric(data, "tepo/mask_fallback_used") == 0.0, record["step"]
-        # no other rule was used in any micro-batch
-        others = [k for k in data if "tepo/mask_rule/" in k and not k.endswith("/surprisal")]
+        assert metric(data, "tepo/mask_rule/surprisal_old") == 1.0, record["step"]
+        assert metric(data, "tepo/mask_fallback_used") == 0.0, record["step"]
+        others = [k for k in data if "tepo/mask_rule/" in k and not k.endswith("/surprisal_old")]
         assert not others, others
-        # the old-policy entropy the trainer stored reached the loss (entropy_delta needs it)
-        assert _metric(data, "tepo/entropy_delta") is not None
+        # the preset does not compute the current entropy, so nothing that needs it is logged
+        assert metric(data, "tepo/entropy_delta") is None
 
 
-def test_off_policy_mini_batches_exercise_ratio_clip_and_kl(tepo_run):
-    """The recipe's second mini-batch per step is off-policy: ratios move off 1 and the masked KL is positive."""
-    records = tepo_run["records"]
-    assert any(_metric(r["data"], "tepo/seq_ratio_min") < 1.0 < _metric(r["data"], "tepo/seq_ratio_max")
-               for r in records)
-    assert any(_metric(r["data"], "tepo/masked_kl_mean") > 0 for r in records)
-    assert any(_metric(r["data"], "tepo/seq_clipfrac") > 0 for r in records)
+def test_off_policy_update_moves_the_ratio_and_fires_the_mask(tepo_run):
+    """The second mini-batch of each step is off-policy: the ratio leaves 1, responses clip, the mask fires and
+    the masked KL is positive."""
+    records = [r["data"] for r in tepo_run["records"]]
+    assert any(metric(d, "tepo/seq_ratio_min") < 1.0 < metric(d, "tepo/seq_ratio_max") for d in records)
+    assert any(metric(d, "tepo/seq_clipfrac") > 0 for d in records)
+    assert any(metric(d, "tepo/mask_frac") > 0 and metric(d, "tepo/masked_kl_mean") > 0 for d in records)
 
 
 def test_recipe_ends_with_the_comparison_table(tepo_run):
     console = tepo_run["console"]
     assert "[cpu.sh] comparison of the runs under" in console
-    assert re.search(r"\| tepo +\| +1 \| +3 \|", console), "no comparison-table row for the tepo run"
+    assert re.search(rf"\| tepo +\| +1 +\| +{STEPS} +\|", console), "no comparison-table row for the tepo run"
     assert (tepo_run["dir"].parent / "compare" / "compare.csv").exists()
 
 
 def test_console_shows_training_progress(tepo_run):
     console = tepo_run["console"]
-    assert f"Training Progress: 100%" in console or f"{STEPS}/{STEPS}" in console
+    assert "Training Progress: 100%" in console or f"{STEPS}/{STEPS}" in console
     assert "tepo/mask_frac" in console  # the console logger prints the step metrics too
+    assert "target_num_threads" not in console  # the recipe sizes transfer_queue's threads to the machine
 
 
 def test_evaluation_reads_verls_real_validation_dump(tepo_run):
@@ -166,3 +159,44 @@ def test_evaluation_reads_verls_real_validation_dump(tepo_run):
         tolerance = 0 if extra else 2 / 128  # the maths grader may read an odd output differently
         assert abs(float(row["avg@n"]) - logged[step]) <= tolerance + 1e-6, (step, row, logged[step])  # CSV: 6 decimals
         assert float(row["maj@n"]) == float(row["avg@n"])  # one sample per problem: the vote is that sample
+
+
+# ---- the same seed with the mask off: the off-policy update runs without the penalty ---------------------------
+
+def test_mask_off_runs_the_off_policy_update_without_the_penalty(tepo_run, nomask_run):
+    mask_on = [r["data"] for r in tepo_run["records"]]
+    mask_off = [r["data"] for r in nomask_run["records"]]
+    assert len(mask_off) == STEPS
+    for data in mask_off:
+        assert metric(data, "tepo/mask_rule/off") == 1.0
+        assert metric(data, "tepo/mask_fallback_used") == 0.0
+        assert metric(data, "tepo/mask_frac") == 0.0 and metric(data, "tepo/masked_kl_mean") == 0.0
+        assert math.isfinite(metric(data, "pg_loss")) and metric(data, "grad_norm") > 0
+    # the second mini-batch is still off-policy (the ratio leaves 1), so only the penalty is missing
+    assert any(metric(d, "tepo/seq_ratio_min") < 1.0 < metric(d, "tepo/seq_ratio_max") for d in mask_off)
+    # while with the mask the same off-policy updates carried a positive masked KL
+    assert any(metric(d, "tepo/masked_kl_mean") > 0 for d in mask_on)
+
+
+# ---- one mini-batch per step: current == old, the invariants hold exactly ---------------------------------------
+
+def test_on_policy_invariants_hold_exactly(onpolicy_run):
+    """With one PPO mini-batch per step the update sees the policy that generated the data (current == old):
+    the sequence ratio is exactly 1, the current entropy equals the stored old one (entropy change 0, so the two
+    passes are aligned token for token), the literal `old` mask (H < H_old) is empty and the masked KL is 0."""
+    records = onpolicy_run["records"]
+    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+    for record in records:
+        data, step = record["data"], record["step"]
+        assert metric(data, "tepo/mask_rule/old") == 1.0, step
+        assert metric(data, "tepo/mask_fallback_used") == 0.0, step
+        for name in ("tepo/seq_ratio_mean", "tepo/seq_ratio_min", "tepo/seq_ratio_max"):
+            assert metric(data, name) == 1.0, (step, name, metric(data, name))
+        assert metric(data, "tepo/entropy_delta") == 0.0, step
+        assert metric(data, "tepo/entropy") > 0.0, step  # the current entropy was computed (not a zero fill)
+        assert metric(data, "tepo/mask_frac") == 0.0, step
+        assert metric(data, "tepo/masked_kl_mean") == 0.0, step
+        assert metric(data, "tepo/seq_clipfrac") == 0.0, step
+        assert metric(data, "ppo_kl") == 0.0, step
+    # and the policy still learned: a non-zero gradient on every step
+    assert all(metric(r["data"], "grad_norm") > 0 for r in records)
