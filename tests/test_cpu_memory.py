@@ -37,3 +37,13 @@ def test_the_wrapped_train_mini_batch_keeps_verl_dispatch_attributes():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-3000:]
+
+
+def test_release_free_heap_returns_freed_small_allocations_to_the_os():
+    chunks = [bytearray(4096) for _ in range(100_000)]  # ~400 MiB of heap (below the mmap threshold)
+    for chunk in chunks:
+        chunk[0] = 1
+    held = memory.rss_bytes()
+    del chunks
+    memory.release_free_heap()
+    assert held - memory.rss_bytes() > 200 * 1024**2

@@ -3,11 +3,16 @@ the process during each update, logged as `perf/cpu_update_peak_rss_gb` (and the
 `perf/cpu_update_start_rss_gb`).
 
 Linux keeps the peak RSS of a process (VmHWM in /proc/self/status) and resets it when "5" is written to
-/proc/self/clear_refs, so the peak of exactly one update is measured by resetting at its start.
+/proc/self/clear_refs, so the peak of exactly one update is measured by resetting at its start. Before the reset,
+glibc is asked to return the heap memory it keeps after earlier frees (`malloc_trim`), so the starting RSS is the
+memory in use, not whatever the rollout and the old-log-prob pass left cached: the peak is then the memory the
+update itself needs on top of what it starts with, comparable between runs.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import functools
 import re
 
@@ -31,6 +36,14 @@ def peak_rss_bytes() -> int:
     return _status_kib("VmHWM") * 1024
 
 
+def release_free_heap() -> None:
+    """glibc's malloc_trim(0): give the heap's free memory back to the OS (a no-op where libc lacks it)."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    trim = getattr(libc, "malloc_trim", None)
+    if trim is not None:
+        trim(0)
+
+
 def reset_peak_rss() -> None:
     with open("/proc/self/clear_refs", "w") as clear_refs:
         clear_refs.write("5")
@@ -43,6 +56,7 @@ def patch_update_peak_memory(module) -> None:
 
     @functools.wraps(stock)  # keeps verl's dispatch attributes
     def train_mini_batch(self, data):
+        release_free_heap()
         reset_peak_rss()
         start = rss_bytes()
         output = stock(self, data)
