@@ -29,7 +29,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["tepo_verl", "tepo_verl.*"]) + ["hydra_plugins.tepo_verl_searchpath"],
-    package_data={"tepo_verl": ["config/algorithm/*.yaml", "cpu/*.sh"]},
+    package_data={"tepo_verl": ["config/algorithm/*.yaml", "cpu/*.sh", "tiny/policies/*/*"]},
     install_requires=[
         # torch is deliberately not listed: verl brings it, and a bare `torch` requirement would let pip pull a
         # multi-GB CUDA build over an installed CPU one. Install the torch build you want first.
