@@ -11,7 +11,9 @@ The policy is a short supervised warm-up (plain torch, answer tokens only) of a 
 that it is right sometimes but not always, like a base model: its sampled (T=1) accuracy is measured on the
 validation problems and recorded in the manifest. Everything is seeded and runs single-threaded, so a build is
 byte-for-byte reproducible on one machine; a finished build is reused when its key (all parameters + builder
-version) matches.
+version) matches. Across machines the warm-up differs in its last bits, so for the default spec the builder copies
+the policy shipped in the package (tepo_verl/tiny/policies/addition, see shipped.py) instead of training:
+the same start everywhere. `--retrain` trains it here.
 """
 
 from __future__ import annotations
@@ -165,9 +167,11 @@ def _write_parquet(rows: list[dict], path: Path) -> None:
     pq.write_table(pa.Table.from_pylist(rows), path)
 
 
-def _build_into(spec: TinySpec, out: Path, log) -> dict:
+def _build_into(spec: TinySpec, out: Path, log, source: str | None = None) -> dict:
     import torch
     from transformers import AutoTokenizer, Qwen2ForCausalLM
+
+    from tepo_verl.tiny import shipped
 
     started = time.time()
     threads = torch.get_num_threads()
@@ -187,7 +191,7 @@ def _build_into(spec: TinySpec, out: Path, log) -> dict:
         _write_parquet([task.row(a, b, "train", i) for i, (a, b) in enumerate(train_pairs)], data_dir / "train.parquet")
         _write_parquet([task.row(a, b, "test", i) for i, (a, b) in enumerate(val_pairs)], data_dir / "val.parquet")
 
-        # model + supervised warm-up on problems that are not validation problems
+        # model + supervised warm-up on problems that are not validation problems (none with a shipped policy)
         torch.manual_seed(spec.seed)
         model = Qwen2ForCausalLM(config).float()
         model.config.use_cache = False
@@ -197,7 +201,7 @@ def _build_into(spec: TinySpec, out: Path, log) -> dict:
         eos_id = tok.convert_tokens_to_ids(tiny_tokenizer.EOS_TOKEN)
         rng = torch.Generator().manual_seed(spec.seed)
         model.train()
-        for step in range(spec.warmup_steps):
+        for step in range(spec.warmup_steps if source is None else 0):
             pick = torch.randint(len(warm_pairs), (spec.warmup_batch,), generator=rng).tolist()
             ids, labels, mask = _batch(tok, [warm_pairs[i] for i in pick], eos_id, tok.pad_token_id)
             lr = spec.warmup_lr * min(1.0, (step + 1) / 20)
@@ -211,7 +215,12 @@ def _build_into(spec: TinySpec, out: Path, log) -> dict:
             if (step + 1) % 100 == 0 or step + 1 == spec.warmup_steps:
                 log(f"[tiny] warm-up step {step + 1}/{spec.warmup_steps} loss {loss.item():.3f}")
         model.config.use_cache = True
-        model.save_pretrained(model_dir, safe_serialization=True)
+        if source is None:
+            model.save_pretrained(model_dir, safe_serialization=True)
+        else:  # the policy shipped for this key (tepo_verl/tiny/shipped.py): the same start on every machine
+            shipped.install("addition", model_dir)
+            model = Qwen2ForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+            log(f"[tiny] policy: the shipped one ({source})")
 
         sampled = sample_accuracy(model, tok, val_pairs, seed=spec.seed, temperature=1.0)
         greedy = sample_accuracy(model, tok, val_pairs, seed=spec.seed, temperature=0.0)
@@ -221,6 +230,7 @@ def _build_into(spec: TinySpec, out: Path, log) -> dict:
         "key": spec.key(),
         "spec": dataclasses.asdict(spec),
         "builder_version": BUILDER_VERSION,
+        "policy": source or "trained",
         "parameters": sum(p.numel() for p in model.parameters()),
         "vocab_size": config.vocab_size,
         "val_accuracy_sampled_t1": sampled,
@@ -242,25 +252,30 @@ def paths(out: Path) -> dict:
     }
 
 
-def build(out: str | Path | None = None, spec: TinySpec | None = None, force: bool = False, log=print) -> dict:
-    """Build into `out` (default: the cache dir for spec's key) unless a build with the same key is there.
+def build(out: str | Path | None = None, spec: TinySpec | None = None, force: bool = False, log=print,
+          retrain: bool = False) -> dict:
+    """Build into `out` (default: the cache dir for spec's key) unless a build with the same key and policy
+    source is there. The policy is the shipped one when one is shipped for spec's key, unless `retrain`.
 
     Returns the manifest with its `paths`. Writes into a temporary sibling and renames, so an interrupted
     build never looks finished.
     """
+    from tepo_verl.tiny import shipped
+
     spec = spec or TinySpec()
     out = Path(out) if out is not None else default_cache_root() / spec.key()
+    source = None if retrain else shipped.source_for("addition", spec.key())
     manifest_path = out / "manifest.json"
     if not force and manifest_path.exists():
         manifest = json.loads(manifest_path.read_text())
-        if manifest.get("key") == spec.key():
+        if manifest.get("key") == spec.key() and manifest.get("policy", "trained") == (source or "trained"):
             manifest["paths"] = paths(out)
             manifest["cached"] = True
             return manifest
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        manifest = _build_into(spec, tmp, log)
+        manifest = _build_into(spec, tmp, log, source)
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
         if out.exists():
             shutil.rmtree(out)
