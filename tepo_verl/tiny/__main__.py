@@ -1,4 +1,5 @@
-"""`python -m tepo_verl.tiny build [--out DIR] [--seed N] [--force] [--print KEY] [--dry-run]`."""
+"""`python -m tepo_verl.tiny build [--task addition|scratchpad] [--out DIR] [--seed N] [--force] [--retrain]
+[--print KEY] [--dry-run]`."""
 
 from __future__ import annotations
 
@@ -23,7 +24,10 @@ def _check(args: argparse.Namespace, spec) -> None:
         raise ValueError(f"--warmup-steps must be >= 0, got {spec.warmup_steps}")
     if spec.val_size < 1 or spec.train_size < 1:
         raise ValueError(f"--train-size and --val-size must be >= 1, got {spec.train_size} and {spec.val_size}")
-    available = len(task.all_problems(tuple(spec.a_range), tuple(spec.b_range)))
+    available = (spec.distinct_problems() if args.task == "scratchpad"
+                 else len(task.all_problems(tuple(spec.a_range), tuple(spec.b_range))))
+    if spec.train_size + spec.val_size > available and args.task == "scratchpad":
+        raise ValueError(f"--train-size + --val-size exceeds the {available} distinct problems")
     if spec.train_size + spec.val_size > available:
         raise ValueError(f"--train-size + --val-size = {spec.train_size + spec.val_size} exceeds the {available} "
                          f"distinct problems of operands {spec.a_range[0]}..{spec.a_range[1]}")
@@ -38,19 +42,27 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="build (or reuse) the tiny model, tokenizer, parquet data and reward")
     b.add_argument("--out", default=None, help="output dir (default: ~/.cache/tepo-verl/tiny/<key>)")
-    b.add_argument("--seed", type=int, default=TinySpec.seed)
-    b.add_argument("--warmup-steps", type=int, default=TinySpec.warmup_steps)
-    b.add_argument("--train-size", type=int, default=TinySpec.train_size)
-    b.add_argument("--val-size", type=int, default=TinySpec.val_size)
+    b.add_argument("--task", choices=("addition", "scratchpad"), default="addition",
+                   help="addition: 'What is 37+45?' -> '82' (default); scratchpad: 4 operands, partial sums first")
+    b.add_argument("--seed", type=int, default=None, help="default: the task's spec (0)")
+    b.add_argument("--warmup-steps", type=int, default=None, help="default: the task's spec")
+    b.add_argument("--train-size", type=int, default=None, help="default: the task's spec")
+    b.add_argument("--val-size", type=int, default=None, help="default: the task's spec")
     b.add_argument("--force", action="store_true", help="rebuild even if a matching build exists")
+    b.add_argument("--retrain", action="store_true",
+                   help="train the policy here instead of copying the one shipped for the default spec")
     b.add_argument("--dry-run", action="store_true",
                    help="build nothing: print where the build is (or would be) and whether it exists")
     b.add_argument("--print", dest="field", default=None,
                    help=f"print only this path ({', '.join(PRINT_FIELDS)}) instead of the manifest")
     args = parser.parse_args(argv)
 
-    spec = dataclasses.replace(TinySpec(), seed=args.seed, warmup_steps=args.warmup_steps,
-                               train_size=args.train_size, val_size=args.val_size)
+    from tepo_verl.tiny import scratchpad
+
+    given = {"seed": args.seed, "warmup_steps": args.warmup_steps, "train_size": args.train_size,
+             "val_size": args.val_size}
+    base = scratchpad.ScratchSpec() if args.task == "scratchpad" else TinySpec()
+    spec = dataclasses.replace(base, **{name: value for name, value in given.items() if value is not None})
     try:
         _check(args, spec)
     except ValueError as error:
@@ -59,12 +71,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         from tepo_verl.tiny.build import default_cache_root, paths
 
-        out = Path(args.out) if args.out is not None else default_cache_root() / spec.key()
+        out = Path(args.out) if args.out is not None else (
+            scratchpad.default_out(spec) if args.task == "scratchpad" else default_cache_root() / spec.key())
         manifest = {"key": spec.key(), "spec": dataclasses.asdict(spec), "paths": paths(out),
                     "built": (out / "manifest.json").is_file()}
     else:
         log = (lambda msg: print(msg, file=sys.stderr)) if args.field else print
-        manifest = build(args.out, spec, force=args.force, log=log)
+        builder = scratchpad.build if args.task == "scratchpad" else build
+        manifest = builder(args.out, spec, force=args.force, log=log, retrain=args.retrain)
     if args.field:
         if args.field == "dir":
             print(Path(manifest["paths"]["model"]).parent)
