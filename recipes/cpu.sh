@@ -14,7 +14,10 @@
 #   TEST_FREQ validate every N steps (default 5; also before training and at the last step)
 #   MINI      prompts per PPO mini-batch (default BATCH/2: two updates per step, the second one off-policy,
 #             so the ratio, clipping and KL mask see current != old as on a GPU cluster)
-#   TINY_DIR  a tiny build to use (default: built or reused from ~/.cache/tepo-verl/tiny, about a minute once)
+#   TASK      addition (default: 'What is 37+45?', 3-token responses) | scratchpad (4 operands, partial sums
+#             before the answer, 26-29-token responses; tepo_verl/tiny/scratchpad.py)
+#   TINY_DIR  a tiny build to use (default: built or reused from ~/.cache/tepo-verl/tiny with the policy shipped in
+#             the package, the same start on every machine)
 #   N         rollouts per prompt (default 4), BATCH prompts per step (default 4)
 #   PYTHON    interpreter (default: python)
 #   DRY_RUN=1 print the composed config (`--cfg job`) and start nothing: no training, no tiny build, no version
@@ -51,6 +54,12 @@ if ! [[ "$MINI" =~ ^[1-9][0-9]*$ && "$BATCH" =~ ^[1-9][0-9]*$ && "$N" =~ ^[1-9][
   exit 2
 fi
 DRY_RUN="${DRY_RUN:-0}"
+TASK="${TASK:-addition}"
+case "$TASK" in
+  addition) MAX_RESPONSE=8 ;;
+  scratchpad) MAX_RESPONSE=48 ;;
+  *) echo "recipes/cpu.sh: unknown TASK='$TASK'. Valid: addition, scratchpad" >&2; exit 2 ;;
+esac
 
 if [[ -n "${RUN_DIR:-}" ]]; then
   RUNS_ROOT="${RUNS_ROOT:-$(dirname "$RUN_DIR")}"
@@ -78,14 +87,14 @@ export VERL_FILE_LOGGER_PATH="${VERL_FILE_LOGGER_PATH:-$RUN_DIR/metrics.jsonl}"
 export TQ_NUM_THREADS="${TQ_NUM_THREADS:-$("$PY" -c 'import psutil; print(min(8, psutil.cpu_count(logical=False) or 1))')}"
 
 if [[ "$DRY_RUN" == 1 ]]; then
-  TINY_DIR="${TINY_DIR:-$("$PY" -m tepo_verl.tiny build --print dir --dry-run)}"
+  TINY_DIR="${TINY_DIR:-$("$PY" -m tepo_verl.tiny build --task "$TASK" --print dir --dry-run)}"
   unset TEPO_VERL_CPU VERL_PLATFORM VERL_ENGINE_DEVICE   # composing the config needs no CPU mode
 else
   "$PY" -m tepo_verl.cpu.versions >/dev/null || { "$PY" -m tepo_verl.cpu.versions; exit 1; }
   if [[ -z "${TINY_DIR:-}" ]]; then
-    TINY_DIR="$("$PY" -m tepo_verl.tiny build --print dir)"
+    TINY_DIR="$("$PY" -m tepo_verl.tiny build --task "$TASK" --print dir)"
   else
-    "$PY" -m tepo_verl.tiny build --out "$TINY_DIR" --print dir >/dev/null
+    "$PY" -m tepo_verl.tiny build --task "$TASK" --out "$TINY_DIR" --print dir >/dev/null
   fi
 fi
 MODEL="$TINY_DIR/model"
@@ -99,7 +108,7 @@ run_verl() {
   data.train_batch_size="$BATCH" \
   data.seed="$SEED" \
   data.max_prompt_length=64 \
-  data.max_response_length=8 \
+  data.max_response_length="$MAX_RESPONSE" \
   data.filter_overlong_prompts=False \
   data.dataloader_num_workers=0 \
   actor_rollout_ref.model.path="$MODEL" \
@@ -156,7 +165,7 @@ if [[ "$DRY_RUN" == 1 ]]; then
   exit $?
 fi
 
-echo "[cpu.sh] ALGO=$ALGO STEPS=$STEPS RUN_DIR=$RUN_DIR TINY_DIR=$TINY_DIR"
+echo "[cpu.sh] ALGO=$ALGO TASK=$TASK STEPS=$STEPS RUN_DIR=$RUN_DIR TINY_DIR=$TINY_DIR"
 echo "[cpu.sh] file logger: $VERL_FILE_LOGGER_PATH"
 cd "$RUN_DIR"
 set -o pipefail
