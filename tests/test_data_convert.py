@@ -65,8 +65,8 @@ def test_offline_eval_sets_row_counts_schema_and_answers(offline_out):
         for position, (row, record) in enumerate(zip(rows, raw, strict=True)):
             assert row["data_source"] == name and row["ability"] == "math"
             assert row["reward_model"] == {"style": "rule", "ground_truth": record["answer"].strip()}
-            assert row["prompt"] == [
-                {"role": "user", "content": record["problem"].strip() + "\n" + QWEN_MATH_INSTRUCTION}
+            assert row["prompt"] == [  # the default template, qwen_math_system
+                {"role": "system", "content": QWEN_MATH_INSTRUCTION}, {"role": "user", "content": record["problem"].strip()}
             ]
             extra = row["extra_info"]
             assert set(extra) == set(EXTRA_INFO_FIELDS)
@@ -290,4 +290,4 @@ def test_hub_loading_calls_datasets_with_each_sets_id(monkeypatch):
 def test_list_command(capsys):
     assert main(["list"]) == 0
     out = capsys.readouterr().out
-    assert all(name in out for name in DATASETS) and "template qwen_math (default)" in out
+    assert all(name in out for name in DATASETS) and "template qwen_math_system (default)" in out

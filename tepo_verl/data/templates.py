@@ -29,18 +29,23 @@ class Template:
 
 TEMPLATES: dict[str, Template] = {
     "qwen_math": Template(
-        "question, newline, then Qwen maths CoT instruction (the common R1-Zero-style setting; default)",
+        "question, newline, then the Qwen maths CoT instruction in the user turn (no system message: the chat "
+        "template adds its own, which for Qwen2.5-Math is that same instruction, so it appears twice there)",
         "{question}\n" + QWEN_MATH_INSTRUCTION,
     ),
     "qwen_math_system": Template(
-        "Qwen2.5-Math's official CoT prompt: the instruction as the system message, the bare question as user",
+        "Qwen2.5-Math's official CoT prompt: the instruction as the system message, the bare question as user "
+        "(default; the instruction appears once with every Qwen chat template)",
         "{question}",
         system=QWEN_MATH_INSTRUCTION,
     ),
     "dapo": Template("DAPO-Math-17k's template (final line 'Answer: ...')", DAPO_PREFIX + "{question}" + DAPO_SUFFIX),
     "plain": Template("the bare question, no instruction", "{question}"),
 }
-DEFAULT_TEMPLATE = "qwen_math"
+#: The prompt of Qwen2.5-Math's model card and evaluation toolkit, and of public R1-Zero-style RL on these models
+#: (Dr. GRPO's and SEED-GRPO's `qwen_math` template): rendered by Qwen2.5-Math's chat template, it is exactly what
+#: that template renders for the bare question with no system message.
+DEFAULT_TEMPLATE = "qwen_math_system"
 
 
 def get_template(name: str) -> Template:
