@@ -14,14 +14,16 @@ PYTHON3 ?= python3
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.tepo-verl-installed
 TORCH := 2.13.0
+# What `. .venv/bin/activate` does, for the jobs: the recipes and tests start `python` and tools by name.
+ACTIVATE := PATH="$(abspath $(VENV))/bin:$$PATH" VIRTUAL_ENV="$(abspath $(VENV))"
 
 .PHONY: demo test install clean-venv
 
 demo: $(STAMP)
-	$(PY) -m tepo_verl.demo $(DEMO_ARGS)
+	$(ACTIVATE) $(PY) -m tepo_verl.demo $(DEMO_ARGS)
 
 test: $(STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(ACTIVATE) $(PY) -m pytest $(PYTEST_ARGS)
 
 install: $(STAMP)
 

@@ -78,8 +78,9 @@ def test_this_machine_has_what_ci_needs_when_ci_is_set():
 # ---- make demo / make test / .ci/run --------------------------------------------------------------------------
 
 def _make_dry(target: str, venv: Path) -> list[str]:
-    proc = subprocess.run(["make", "-n", target, f"VENV={venv}"], cwd=REPO, capture_output=True, text=True,
-                          timeout=60)
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}  # under `make test`
+    proc = subprocess.run(["make", "--no-print-directory", "-n", target, f"VENV={venv}"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.splitlines()
 
@@ -94,7 +95,8 @@ def test_make_targets_set_up_a_fresh_venv_then_run(target, runs, tmp_path):
              ("pip install -q --disable-pip-version-check torch==2.13.0", "pip install -q --disable-pip-version-check -e '.[test]'",
               "bash tepo_verl/cpu/install_cpu.sh", "touch", runs)]
     assert order == sorted(order), lines  # torch, the package, the CPU stack, the stamp, then the job
-    assert lines[-1].startswith(f"{venv}/bin/python {runs}")
+    # the job runs as in an activated venv: recipes and tests that start `python` by name get this one
+    assert lines[-1].startswith(f'PATH="{venv}/bin:$PATH" VIRTUAL_ENV="{venv}" {venv}/bin/python {runs}'), lines[-1]
 
 
 def test_second_make_skips_the_set_up(tmp_path):
@@ -104,7 +106,7 @@ def test_second_make_skips_the_set_up(tmp_path):
     (venv / ".tepo-verl-installed").touch()  # newer than setup.py and the CPU installer
     os.utime(venv / ".tepo-verl-installed", (time.time() + 5, time.time() + 5))
     lines = _make_dry("test", venv)
-    assert lines == [f"{venv}/bin/python -m pytest "], lines
+    assert lines == [f'PATH="{venv}/bin:$PATH" VIRTUAL_ENV="{venv}" {venv}/bin/python -m pytest '], lines
 
 
 def test_ci_runs_make_test_with_ci_set():
