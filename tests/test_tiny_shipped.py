@@ -1,0 +1,221 @@
+"""The tiny policies shipped in the package (tepo_verl/tiny/policies) and the scratchpad task.
+
+Every machine starts from the same policy: the shipped files match their manifest, the builders use them for the
+default spec, and decoding the validation problems greedily from the shipped weights reproduces the accuracy the
+manifest records, exactly.
+
+Why exact equality is a fair test across machines: the accuracy is a count of problems, which changes only if a
+greedy choice changes. Another CPU may round the float32 logits differently in their last bits (about 1e-6 of
+logits of order 10), which can flip a choice only where the top two logits are that close. The manifest records
+the smallest top-two gap over every greedy choice, and the test recomputes it and requires it to be far above
+that rounding (1e-4), so a flipped choice, and a different accuracy, would be a real change, not noise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tepo_verl.tiny import reward, scratchpad, shipped
+from tepo_verl.tiny import task as addition
+from tepo_verl.tiny.build import TinySpec
+from tepo_verl.tiny.build import build as build_addition
+
+REPO = Path(__file__).resolve().parents[1]
+#: Far above float32 rounding of the logits (about 1e-6 of values of order 10), far below the recorded gaps.
+GAP_FLOOR = 1e-4
+
+
+@pytest.fixture()
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _load(task: str):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = shipped.folder(task)
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), AutoTokenizer.from_pretrained(path)
+
+
+# ------------------------------------------------------------------------------------------- the shipped files
+
+@pytest.mark.parametrize("task", shipped.TASKS)
+def test_shipped_files_match_the_manifest(task):
+    manifest = shipped.manifest(task)
+    assert manifest is not None, f"no policy shipped for {task}"
+    assert manifest["task"] == task and manifest["key"] == shipped.default_spec(task).key()
+    assert manifest["spec"] == json.loads(json.dumps(dataclasses.asdict(shipped.default_spec(task))))
+    assert set(manifest["files"]) == set(shipped.FILES)
+    for name, digest in manifest["files"].items():
+        path = shipped.folder(task) / name
+        assert shipped.sha256(path) == digest, name
+        assert path.stat().st_size < 5 * 2**20, name
+    assert shipped.source_for(task, manifest["key"]) == "shipped:" + manifest["files"][shipped.WEIGHTS][:12]
+    assert shipped.source_for(task, "another-key") is None
+
+
+def test_setup_ships_the_policies_as_package_data(monkeypatch):
+    """setup.py's package_data globs cover every shipped file (else a pip install would start elsewhere)."""
+    import fnmatch
+
+    import setuptools
+
+    captured = {}
+    monkeypatch.setattr(setuptools, "setup", lambda **kwargs: captured.update(kwargs))
+    monkeypatch.chdir(REPO)
+    exec(compile((REPO / "setup.py").read_text(), "setup.py", "exec"), {"__name__": "setup"})
+    patterns = captured["package_data"]["tepo_verl"]
+    package = REPO / "tepo_verl"
+    for task in shipped.TASKS:
+        for path in shipped.folder(task).iterdir():
+            relative = str(path.relative_to(package))
+            assert any(fnmatch.fnmatch(relative, pattern) for pattern in patterns), relative
+
+
+# ------------------------------------------------------------------------------ reproduce the recorded accuracy
+
+def test_addition_policy_reproduces_its_greedy_accuracy(one_thread):
+    from tepo_verl.tiny.build import sample_accuracy
+
+    manifest = shipped.manifest("addition")
+    model, tok = _load("addition")
+    spec = TinySpec()
+    val = addition.problems(spec.val_size, seed=spec.seed * 1000 + 2, a_range=spec.a_range, b_range=spec.b_range)
+    responses, gap = scratchpad.generate(model, tok, [addition.question(a, b) for a, b in val], max_new_tokens=6)
+    assert gap > GAP_FLOOR and manifest["greedy_min_top2_logit_gap"] > GAP_FLOOR
+    assert sample_accuracy(model, tok, val, seed=spec.seed, temperature=0.0) == manifest["val_accuracy_greedy"]
+    assert scratchpad.responses_sha256([tok.decode(r) for r in responses]) == manifest["greedy_responses_sha256"]
+    # the RL runs start neither hopeless nor solved
+    assert 0.1 <= manifest["val_accuracy_sampled_t1"] <= 0.5
+
+
+def test_scratchpad_policy_reproduces_its_greedy_accuracy(one_thread):
+    manifest = shipped.manifest("scratchpad")
+    model, tok = _load("scratchpad")
+    val = scratchpad.split(scratchpad.ScratchSpec())[1]
+    greedy = scratchpad.evaluate(model, tok, val)
+    assert greedy["min_top2_logit_gap"] > GAP_FLOOR and manifest["greedy_min_top2_logit_gap"] > GAP_FLOOR
+    assert greedy["accuracy"] == manifest["val_accuracy_greedy"]
+    assert greedy["responses_sha256"] == manifest["greedy_responses_sha256"]
+    assert greedy["mean_response_tokens"] == manifest["val_mean_response_tokens_greedy"]
+    # the study's requirements of its start: right 20-40% of the time when sampled, responses >= 24 tokens
+    assert 0.2 <= manifest["val_accuracy_sampled_t1"] <= 0.4
+    assert manifest["val_mean_response_tokens_sampled_t1"] >= 24
+
+
+# ------------------------------------------------------------------------------- the builders use the shipped
+
+def test_default_addition_build_installs_the_shipped_policy(tmp_path):
+    manifest = build_addition(tmp_path / "a", log=lambda *_: None)
+    recorded = shipped.manifest("addition")
+    assert manifest["policy"] == shipped.source_for("addition", TinySpec().key())
+    model = Path(manifest["paths"]["model"])
+    assert shipped.sha256(model / shipped.WEIGHTS) == recorded["files"][shipped.WEIGHTS]
+    assert manifest["val_accuracy_greedy"] == recorded["val_accuracy_greedy"]
+    assert manifest["val_accuracy_sampled_t1"] == recorded["val_accuracy_sampled_t1"]
+    # a build of the same key that trained its own policy (an older cache, or --retrain) is not reused
+    stale = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    stale.pop("policy")
+    (tmp_path / "a" / "manifest.json").write_text(json.dumps(stale))
+    assert build_addition(tmp_path / "a", log=lambda *_: None)["cached"] is False
+    assert build_addition(tmp_path / "a", log=lambda *_: None)["cached"] is True
+
+
+def test_a_non_default_spec_is_trained_not_shipped():
+    small = dataclasses.replace(TinySpec(), warmup_steps=12)
+    assert shipped.source_for("addition", small.key()) is None
+    assert shipped.source_for("scratchpad", dataclasses.replace(scratchpad.ScratchSpec(), seed=1).key()) is None
+
+
+def test_installing_a_corrupted_policy_fails(tmp_path, monkeypatch):
+    fake = tmp_path / "policies"
+    (fake / "addition").mkdir(parents=True)
+    for name in shipped.FILES:
+        (fake / "addition" / name).write_bytes((shipped.folder("addition") / name).read_bytes())
+    (fake / "addition" / "manifest.json").write_text((shipped.folder("addition") / "manifest.json").read_text())
+    (fake / "addition" / shipped.WEIGHTS).write_bytes(b"version https://git-lfs.github.com/spec/v1\n")
+    monkeypatch.setattr(shipped, "POLICIES", fake)
+    with pytest.raises(RuntimeError, match="does not match its manifest"):
+        shipped.install("addition", tmp_path / "model")
+
+
+def test_default_scratchpad_build(tmp_path):
+    import pandas as pd
+
+    manifest = scratchpad.build(tmp_path / "s", log=lambda *_: None)
+    recorded = shipped.manifest("scratchpad")
+    assert manifest["policy"] == shipped.source_for("scratchpad", scratchpad.ScratchSpec().key())
+    assert shipped.sha256(Path(manifest["paths"]["model"]) / shipped.WEIGHTS) == recorded["files"][shipped.WEIGHTS]
+    assert manifest["val_accuracy_greedy"] == recorded["val_accuracy_greedy"]
+    assert Path(manifest["paths"]["reward"]).samefile(reward.__file__)
+    spec = scratchpad.ScratchSpec()
+    train, val = pd.read_parquet(manifest["paths"]["train"]), pd.read_parquet(manifest["paths"]["val"])
+    assert len(train) == spec.train_size and len(val) == spec.val_size
+    for frame in (train, val):
+        for _, row in frame.iterrows():
+            ops = tuple(row["extra_info"]["operands"])
+            (message,) = list(row["prompt"])
+            assert message == {"role": "user", "content": "What is " + "+".join(map(str, ops)) + "?"}
+            assert row["reward_model"]["ground_truth"] == str(sum(ops)) and row["data_source"] == scratchpad.DATA_SOURCE
+    operands = lambda f: {tuple(r["operands"]) for r in f["extra_info"]}  # noqa: E731
+    assert not operands(train) & operands(val)
+    assert scratchpad.build(tmp_path / "s", log=lambda *_: None)["cached"] is True
+
+
+def test_cli_builds_the_scratchpad_task(tmp_path, capsys):
+    from tepo_verl.tiny.__main__ import main
+
+    out = tmp_path / "cli"
+    assert main(["build", "--task", "scratchpad", "--out", str(out), "--dry-run"]) == 0
+    dry = json.loads(capsys.readouterr().out)
+    assert dry["key"] == scratchpad.ScratchSpec().key() and dry["built"] is False
+    assert main(["build", "--task", "scratchpad", "--out", str(out), "--print", "dir"]) == 0
+    assert capsys.readouterr().out.strip() == str(out)
+    assert json.loads((out / "manifest.json").read_text())["policy"].startswith("shipped:")
+
+
+# ----------------------------------------------------------------------------------------- the scratchpad task
+
+def test_scratchpad_solution_and_sparse_reward():
+    ops = (23, 45, 17, 38)
+    text = scratchpad.solution(ops)
+    assert scratchpad.question(ops) == "What is 23+45+17+38?"
+    assert text == "23+45=68\n68+17=85\n85+38=123" and scratchpad.answer(ops) == "123"
+    score = lambda response: reward.compute_score(scratchpad.DATA_SOURCE, response, "123")  # noqa: E731
+    assert score(text) == 1.0 and score(text + "<|im_end|>") == 1.0
+    assert score("23+45=60\n60+17=77\n77+38=123") == 1.0  # only the final answer counts
+    assert score("23+45=68\n68+17=85\n85+38=122") == 0.0  # every partial sum right, the answer wrong
+    assert score("23+45=68\n68+17=85\n85+38=12") == 0.0  # cut off by the length limit
+    assert score("23+45=68\n68+17=85\n85+38=123\n123+1=124") == 0.0  # went on past the answer
+
+
+def test_scratchpad_responses_are_long_and_fit_the_recipe():
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(shipped.folder("scratchpad"))
+    spec = scratchpad.ScratchSpec()
+    train, val = scratchpad.split(spec)
+    lengths = [len(tok.encode(scratchpad.solution(ops))) + 1 for ops in train + val]  # + the end of turn
+    assert min(lengths) >= 27 and max(lengths) <= 30 and sum(lengths) / len(lengths) >= 24
+    assert max(lengths) < scratchpad.MAX_RESPONSE_TOKENS
+    recipe = (REPO / "recipes" / "cpu.sh").read_text()
+    assert f"scratchpad) MAX_RESPONSE={scratchpad.MAX_RESPONSE_TOKENS} ;;" in recipe
+    prompts = [len(scratchpad.encode_prompt(tok, scratchpad.question(ops))) for ops in train + val]
+    assert max(prompts) <= 64  # recipes/cpu.sh: data.max_prompt_length=64
+
+
+def test_scratchpad_problems_are_seeded_and_distinct():
+    a = scratchpad.problems(300, seed=5)
+    assert a == scratchpad.problems(300, seed=5) and a != scratchpad.problems(300, seed=6)
+    assert len(set(a)) == 300 and all(len(ops) == 4 and all(10 <= x <= 49 for x in ops) for ops in a)
+    assert not set(scratchpad.problems(100, seed=7, exclude=set(a))) & set(a)
+    with pytest.raises(ValueError, match="only 16 distinct problems"):
+        scratchpad.problems(17, seed=0, operands=2, operand_range=(1, 4))
