@@ -1,0 +1,344 @@
+"""The CPU study: arms x seeds through recipes/cpu.sh in the paper's regime on the scratchpad task, resumable.
+
+    python benchmarks/study.py                          # every arm and seed of the plan (hours: resumable)
+    python benchmarks/study.py --arms main --seeds 1-5  # the five main arms only
+    python benchmarks/study.py --list                   # the plan: arms, overrides, seeds, regime; runs nothing
+    python benchmarks/study.py --lock FILE ...          # hold flock(1) on FILE during each run (a shared machine)
+
+The regime (REGIME): the scratchpad task (tepo_verl/tiny/scratchpad.py) and its shipped starting policy, groups
+of 8 responses, 8 PPO updates per step (mini-batches of 1/8 of the batch, one epoch), validation every
+TEST_FREQ steps. Every arm of one seed gets the same learning rate, data order and seeds (recipes/cpu.sh's SEED),
+so runs pair by seed. An arm is a preset (tepo_verl/config/algorithm/) plus verl overrides (the ablations).
+
+Each finished run leaves, under benchmarks/results/<study>/<arm>-seed<k>/:
+    metrics.jsonl   verl's raw file-logger JSONL (one {"step", "data"} line per step and validation)
+    run.json        the exact command, the git commit it ran at (and the tracked files that differed from it),
+                    the arm, seed, preset, overrides, regime, wall time
+A run is finished when both exist and the JSONL reaches the last step; the runner skips finished runs, so the
+study can span sessions (commit the results folder as it fills). verl's console log, validation generations and
+the unfinished runs stay in runs/study/<study>/. The last thing the runner does is
+`tepo-verl compare benchmarks/results/<study> --out benchmarks/results/<study>/compare`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPE = REPO / "recipes" / "cpu.sh"
+PRESETS = REPO / "tepo_verl" / "config" / "algorithm"
+DEFAULT_STUDY = "cpu-scratchpad"
+
+#: The paper's regime, scaled to the tiny task: recipes/cpu.sh's environment for every run of the study.
+REGIME = {
+    "TASK": "scratchpad",  # responses of 26-29 tokens, reward on the final answer only
+    "N": "8",              # group size 8
+    "BATCH": "8",          # prompts per step (64 responses)
+    "MINI": "1",           # BATCH / 8: 8 PPO updates per step, one epoch
+    "STEPS": "80",
+    "TEST_FREQ": "5",      # greedy validation on the 128 validation problems (and before training)
+}
+#: verl overrides for every run of the study (after the recipe's own): generate a whole batch at once, and let
+#: the data loader start another (seeded) epoch rather than end a run early, as DAPO's dynamic sampling, which
+#: draws a new batch for every regeneration, could exhaust the 2048 training prompts (STEPS still ends the run).
+COMMON_OVERRIDES = ("actor_rollout_ref.rollout.max_num_seqs=128", "trainer.total_epochs=20")
+
+ACTOR = "actor_rollout_ref.actor"
+TEPO = f"{ACTOR}.policy_loss.tepo"
+
+
+def _clip(low: str, high: str) -> tuple[str, ...]:
+    return (f"{ACTOR}.clip_ratio={low}", f"{ACTOR}.clip_ratio_low={low}", f"{ACTOR}.clip_ratio_high={high}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    name: str
+    preset: str
+    overrides: tuple[str, ...] = ()
+    group: str = "main"
+    why: str = ""
+
+
+#: Every arm. The tepo arm is also the surprisal_old / kl_coef 1.0 / clip 3e-4,4e-4 point of each ablation.
+ARMS = [
+    Arm("tepo", "tepo", why="the default preset (mask surprisal_old, kl_coef 1, clip 3e-4/4e-4)"),
+    Arm("tepo_nomask", "tepo_nomask", why="the mask ablation"),
+    Arm("gspo", "gspo", why="verl's GSPO loss (sequence ratio, sequence-mean aggregation)"),
+    Arm("grpo", "grpo", why="GRPO with its KL loss to the reference"),
+    Arm("dapo", "dapo", why="DAPO with dynamic sampling"),
+    # the mask rule (surprisal_old is the tepo arm); these two read the current entropy in the update pass
+    Arm("tepo-mask_surprisal", "tepo", (f"{TEPO}.mask_rule=surprisal", f"{ACTOR}.calculate_entropy=true"),
+        "ablation", "mask rule l + H > 0"),
+    Arm("tepo-mask_old", "tepo", (f"{TEPO}.mask_rule=old", f"{ACTOR}.calculate_entropy=true"),
+        "ablation", "mask rule H < H_old (the literal reading)"),
+    # the KL coefficient on masked tokens (1.0 is the tepo arm, 0 is tepo_nomask)
+    Arm("tepo-kl0.1", "tepo", (f"{TEPO}.kl_coef=0.1",), "ablation", "kl_coef 0.1"),
+    Arm("tepo-kl10", "tepo", (f"{TEPO}.kl_coef=10.0",), "ablation", "kl_coef 10"),
+    # the clip range of the sequence ratio: GSPO-scale 3e-4/4e-4 comes from 7B models at lr 1e-6; this model
+    # trains at lr 1e-4. The same sweep for GSPO keeps the comparison fair.
+    Arm("tepo-clip3e-3", "tepo", _clip("0.003", "0.004"), "ablation", "clip 3e-3/4e-3"),
+    Arm("tepo-clip3e-2", "tepo", _clip("0.03", "0.04"), "ablation", "clip 3e-2/4e-2"),
+    Arm("gspo-clip3e-3", "gspo", _clip("0.003", "0.004"), "ablation", "clip 3e-3/4e-3"),
+    Arm("gspo-clip3e-2", "gspo", _clip("0.03", "0.04"), "ablation", "clip 3e-2/4e-2"),
+]
+#: Seeds per group: at least 5 for each main arm; the ablations 3.
+SEEDS = {"main": (1, 2, 3, 4, 5), "ablation": (1, 2, 3)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    arm: Arm
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.arm.name}-seed{self.seed}"
+
+
+class StudyError(Exception):
+    """Bad arguments or a study folder that does not match the plan; printed as one line."""
+
+
+# -------------------------------------------------------------------------------------------------- the plan
+
+def parse_seeds(text: str) -> tuple[int, ...]:
+    """`1-5`, `1,3,7` or a mix (`1-3,6`)."""
+    seeds: list[int] = []
+    for part in filter(None, (piece.strip() for piece in text.split(","))):
+        try:
+            low, _, high = part.partition("-")
+            first, last = int(low), int(high or low)
+        except ValueError:
+            raise StudyError(f"bad --seeds {text!r}: use e.g. 1-5 or 1,3,7") from None
+        if first < 1 or last < first:
+            raise StudyError(f"bad --seeds {text!r}: seeds are positive, ranges ascending")
+        seeds.extend(range(first, last + 1))
+    if not seeds:
+        raise StudyError(f"--seeds {text!r} names no seed")
+    return tuple(dict.fromkeys(seeds))
+
+
+def select_arms(text: str) -> list[Arm]:
+    """`all`, `main`, `ablation`, or comma-separated arm names (groups may be mixed in)."""
+    by_name = {arm.name: arm for arm in ARMS}
+    chosen: list[Arm] = []
+    for part in filter(None, (piece.strip() for piece in text.split(","))):
+        if part == "all":
+            chosen.extend(ARMS)
+        elif part in SEEDS:
+            chosen.extend(arm for arm in ARMS if arm.group == part)
+        elif part in by_name:
+            chosen.append(by_name[part])
+        else:
+            raise StudyError(f"unknown arm {part!r}; valid: all, main, ablation, {', '.join(by_name)}")
+    if not chosen:
+        raise StudyError(f"--arms {text!r} names no arm")
+    return list({arm.name: arm for arm in chosen}.values())
+
+
+def plan(arms: list[Arm], seeds: tuple[int, ...] | None) -> list[Run]:
+    """Seed-major order (every arm of seed 1, then seed 2, ...), so a study stopped early stays paired by seed."""
+    per_arm = {arm.name: (seeds or SEEDS[arm.group]) for arm in arms}
+    every = sorted({seed for values in per_arm.values() for seed in values})
+    return [Run(arm, seed) for seed in every for arm in arms if seed in per_arm[arm.name]]
+
+
+def check_presets(arms: list[Arm]) -> None:
+    for arm in arms:
+        if not (PRESETS / f"{arm.preset}.yaml").is_file():
+            raise StudyError(f"arm {arm.name}: no preset {arm.preset!r} in {PRESETS}")
+
+
+# ------------------------------------------------------------------------------------------------ the runs
+
+def last_step(jsonl: Path) -> int | None:
+    """The largest step of a file-logger JSONL (None when absent, empty or unreadable)."""
+    try:
+        steps = [int(json.loads(line)["step"]) for line in jsonl.read_text(encoding="utf-8").splitlines()
+                 if line.strip()]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return max(steps) if steps else None
+
+
+def finished(run_dir: Path, steps: int) -> bool:
+    """metrics.jsonl reaches the last step and run.json records a finished run of this many steps."""
+    try:
+        record = json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return (record.get("status") == "finished" and int(record.get("regime", {}).get("STEPS", -1)) == steps
+            and (last_step(run_dir / "metrics.jsonl") or 0) >= steps)
+
+
+def git_state(repo: Path) -> dict:
+    """The commit HEAD points at and the tracked files that differ from it (so a record says what ran)."""
+    def git(*args: str) -> str:
+        out = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True)
+        return out.stdout if out.returncode == 0 else ""
+
+    changed = [line[3:] for line in git("status", "--porcelain", "--untracked-files=no").splitlines() if line[3:]]
+    return {"commit": git("rev-parse", "HEAD").strip() or None, "changed_tracked_files": changed}
+
+
+def command_for(run: Run, regime: dict, recipe: Path, lock: str | None) -> tuple[dict, list[str]]:
+    """(environment additions, argv) of one run: `[flock LOCK] bash recipes/cpu.sh OVERRIDES...`."""
+    env = {**regime, "ALGO": run.arm.preset, "SEED": str(run.seed), "QUIET": "1", "COMPARE": "0"}
+    argv = ["bash", str(recipe), *COMMON_OVERRIDES, *run.arm.overrides]
+    if lock:
+        argv = ["flock", lock, *argv]
+    return env, argv
+
+
+def shown(env: dict, argv: list[str], repo: Path) -> str:
+    """The command as one shell line, with paths inside the repository relative to it."""
+    def rel(text: str) -> str:
+        path = Path(text)
+        if path.is_absolute():
+            try:
+                return str(path.relative_to(repo))
+            except ValueError:
+                return text
+        return text
+
+    return " ".join([*(f"{k}={shlex.quote(rel(v))}" for k, v in env.items()), shlex.join(rel(a) for a in argv)])
+
+
+def run_one(run: Run, results: Path, scratch: Path, regime: dict, recipe: Path, lock: str | None,
+            python: str, timeout: float, log) -> bool:
+    """Run one arm and seed in its scratch folder; on success copy metrics.jsonl and write run.json."""
+    work = scratch / run.name
+    if work.exists():  # an unfinished earlier attempt: start clean, so the JSONL holds this run only
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    env_add, argv = command_for(run, regime, recipe, lock)
+    env_add = {**env_add, "RUN_DIR": str(work)}
+    env = {**os.environ, **env_add, "PYTHON": python}
+    env.pop("VERL_FILE_LOGGER_PATH", None)
+    state = git_state(REPO)
+    started = time.time()
+    log(f"[study] {run.name}: {shown(env_add, argv, REPO)}")
+    with open(work / "recipe.log", "w") as recipe_log:
+        try:
+            proc = subprocess.run(argv, env=env, cwd=REPO, stdout=recipe_log, stderr=subprocess.STDOUT,
+                                  timeout=timeout)
+            code = proc.returncode
+        except subprocess.TimeoutExpired:
+            code = "timeout"
+    wall = time.time() - started
+    steps = int(regime["STEPS"])
+    reached = last_step(work / "metrics.jsonl")
+    if code != 0 or (reached or 0) < steps:
+        log(f"[study] {run.name}: FAILED (exit {code}, last logged step {reached}, {wall:.0f} s); log: "
+            f"{work / 'console.log'} and {work / 'recipe.log'}")
+        return False
+    out = results / run.name
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(work / "metrics.jsonl", out / "metrics.jsonl")
+    record = {
+        "status": "finished",
+        "arm": run.arm.name,
+        "preset": run.arm.preset,
+        "overrides": list(COMMON_OVERRIDES) + list(run.arm.overrides),
+        "seed": run.seed,
+        "regime": regime,
+        "command": shown(env_add, argv, REPO),
+        **state,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+        "wall_s": round(wall, 1),
+        "python": sys.version.split()[0],
+    }
+    (out / "run.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    log(f"[study] {run.name}: done in {wall:.0f} s -> {out.relative_to(results.parent) if results.parent in out.parents else out}")
+    return True
+
+
+def check_study(results: Path, regime: dict, study: str) -> None:
+    """A study folder holds one regime: refuse to add runs of another one to it."""
+    path = results / "study.json"
+    if path.is_file():
+        recorded = json.loads(path.read_text()).get("regime")
+        if recorded != regime:
+            raise StudyError(f"{path} records the regime {recorded}, not {regime}: use another --study")
+    else:
+        results.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"study": study, "regime": regime, "common_overrides": list(COMMON_OVERRIDES)},
+                                   indent=2, sort_keys=True) + "\n")
+
+
+def compare(results: Path, python: str, log) -> int:
+    argv = [python, "-m", "tepo_verl.report.compare", str(results), "--out", str(results / "compare")]
+    log(f"[study] {shlex.join(argv)}")
+    return subprocess.run(argv, cwd=REPO).returncode
+
+
+# --------------------------------------------------------------------------------------------------- main
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python benchmarks/study.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--study", default=DEFAULT_STUDY, help=f"study name (default {DEFAULT_STUDY})")
+    parser.add_argument("--arms", default="all", help="all (default), main, ablation or comma-separated arm names")
+    parser.add_argument("--seeds", default=None,
+                        help="e.g. 1-5 or 1,3 for every chosen arm (default: 1-5 for main arms, 1-3 for ablations)")
+    parser.add_argument("--steps", type=int, default=int(REGIME["STEPS"]), help="training steps per run")
+    parser.add_argument("--results-root", type=Path, default=REPO / "benchmarks" / "results")
+    parser.add_argument("--scratch-root", type=Path, default=REPO / "runs" / "study")
+    parser.add_argument("--recipe", type=Path, default=RECIPE, help="the recipe (default recipes/cpu.sh)")
+    parser.add_argument("--lock", default=None, help="run each run under `flock LOCK` (a machine shared by others)")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds allowed per run (default 1800)")
+    parser.add_argument("--max-runs", type=int, default=None, help="stop after this many new runs")
+    parser.add_argument("--list", action="store_true", help="print the plan and which runs are finished; run nothing")
+    parser.add_argument("--no-compare", action="store_true", help="skip `tepo-verl compare` at the end")
+    return parser
+
+
+def main(argv: list[str] | None = None, log=print) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.steps < 1:
+            raise StudyError(f"--steps must be >= 1, got {args.steps}")
+        arms = select_arms(args.arms)
+        check_presets(arms)
+        runs = plan(arms, parse_seeds(args.seeds) if args.seeds else None)
+        regime = {**REGIME, "STEPS": str(args.steps)}
+        results = (args.results_root / args.study).resolve()
+        scratch = (args.scratch_root / args.study).resolve()
+        if args.list:
+            log(f"study {args.study}: regime {regime}; verl overrides for every run: {' '.join(COMMON_OVERRIDES)}")
+            for arm in arms:
+                seeds = [r.seed for r in runs if r.arm is arm]
+                done = [s for s in seeds if finished(results / f"{arm.name}-seed{s}", args.steps)]
+                log(f"  {arm.name:20} {arm.group:8} preset {arm.preset:12} seeds {seeds} finished {done}  "
+                    f"{' '.join(arm.overrides)}")
+            return 0
+        check_study(results, regime, args.study)
+    except StudyError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    python = os.environ.get("PYTHON") or sys.executable
+    todo = [run for run in runs if not finished(results / run.name, args.steps)]
+    log(f"[study] {args.study}: {len(runs)} runs planned, {len(runs) - len(todo)} finished (skipped), "
+        f"{len(todo)} to run; results in {results}")
+    if args.max_runs is not None:
+        todo = todo[: args.max_runs]
+    failed = [run.name for run in todo
+              if not run_one(run, results, scratch, regime, args.recipe.resolve(), args.lock, python, args.timeout,
+                             log)]
+    if failed:
+        log(f"[study] {len(failed)} failed runs (rerun the same command to retry them): {', '.join(failed)}")
+    code = 0 if args.no_compare else compare(results, python, log)
+    return 1 if failed else code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
