@@ -223,7 +223,11 @@ def run_one(run: Run, results: Path, scratch: Path, regime: dict, recipe: Path, 
     work.mkdir(parents=True)
     env_add, argv = command_for(run, regime, recipe, lock)
     env_add = {**env_add, "RUN_DIR": str(work)}
-    env = {**os.environ, **env_add, "PYTHON": python}
+    # the recipe and verl's workers use this interpreter and its environment's tools, activated or not
+    bin_dir = str(Path(python).parent)
+    env = {**os.environ, **env_add, "PYTHON": python, "PATH": os.pathsep.join([bin_dir, os.environ.get("PATH", "")])}
+    if (Path(bin_dir).parent / "pyvenv.cfg").is_file():
+        env["VIRTUAL_ENV"] = str(Path(bin_dir).parent)
     env.pop("VERL_FILE_LOGGER_PATH", None)
     state = git_state(REPO)
     started = time.time()
