@@ -86,7 +86,7 @@ def main():
         def run(mode):
             log_prob = new.detach().clone().requires_grad_(True)
             fn = get_policy_loss_fn(mode)
-            token = _EXTRAS.set(TepoExtras(entropy=entropy, old_entropy=entropy)) if mode == "tepo" else None
+            token = _EXTRAS.set(TepoExtras(old_entropy=entropy)) if mode == "tepo" else None  # the preset: stored entropy only
             try:
                 loss, _ = fn(old, log_prob, adv, mask, "token-mean", configs[mode], None)
             finally:
