@@ -218,12 +218,11 @@ def check_stack() -> str | None:
 
 
 def prepare_tiny() -> str:
-    """Build (once, about a minute) or reuse the tiny model and task; returns a one-line description."""
+    """Set up (once) or reuse the tiny model and task; returns a one-line description."""
     dry = subprocess.run([sys.executable, "-m", "tepo_verl.tiny", "build", "--dry-run"], capture_output=True,
                          text=True)
     if dry.returncode == 0 and not json.loads(dry.stdout).get("built"):
-        print("[tiny] building the tiny model and task once (about a minute; cached in ~/.cache/tepo-verl/tiny)",
-              flush=True)
+        print("[tiny] setting up the tiny model and task once (cached in ~/.cache/tepo-verl/tiny)", flush=True)
     build = subprocess.run([sys.executable, "-m", "tepo_verl.tiny", "build", "--print", "dir"], capture_output=True,
                            text=True)
     if build.returncode != 0:
