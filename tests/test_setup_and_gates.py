@@ -78,7 +78,9 @@ def test_this_machine_has_what_ci_needs_when_ci_is_set():
 # ---- make demo / make test / .ci/run --------------------------------------------------------------------------
 
 def _make_dry(target: str, venv: Path) -> list[str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}  # under `make test`
+    # Under `make test` the outer make's level, flags and command-line variables are in the environment.
+    outer = ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "VENV", "PYTHON3", "PYTEST_ARGS", "DEMO_ARGS")
+    env = {k: v for k, v in os.environ.items() if k not in outer}
     proc = subprocess.run(["make", "--no-print-directory", "-n", target, f"VENV={venv}"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
