@@ -31,9 +31,13 @@ MATH_EVAL_ROWS = {
 }
 
 
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
 def skip_or_fail(reason: str) -> None:
     """Skip with the reason on a developer machine; fail under CI=true."""
-    if os.environ.get("CI", "").strip().lower() in ("1", "true", "yes"):
+    if in_ci():
         pytest.fail(f"CI=true and {reason}", pytrace=False)
     pytest.skip(f"{reason} (a smaller test set on this machine; CI=true fails instead)")
 

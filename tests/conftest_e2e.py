@@ -20,15 +20,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-def in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
-
-
-def skip_or_fail(reason: str) -> None:
-    """Skip with the reason on a developer machine; fail under CI=true."""
-    if in_ci():
-        pytest.fail(f"CI=true and {reason}", pytrace=False)
-    pytest.skip(f"{reason} (a smaller test set on this machine; CI=true fails instead)")
+from conftest_data import in_ci, skip_or_fail  # noqa: F401  (one rule for every prerequisite: skip here, fail in CI)
 
 
 def cpu_stack_problem() -> str | None:

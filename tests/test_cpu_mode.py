@@ -11,6 +11,7 @@ import types
 import zipfile
 
 import pytest
+from conftest_data import skip_or_fail
 
 from tepo_verl import cpu
 from tepo_verl.cpu import patches, versions
@@ -96,7 +97,7 @@ def test_unset_env_leaves_verl_untouched():
 def test_enabled_registers_platform_and_patches():
     pytest.importorskip("verl")
     if versions.mismatches():
-        pytest.skip("the tested CPU stack is not installed: " + "; ".join(versions.mismatches()))
+        skip_or_fail("the tested CPU stack is not installed: " + "; ".join(versions.mismatches()))
     out = _probe(_env(TEPO_VERL_CPU="1", PROBE_CALL_HOOK="1"))
     assert "cpu" in out["platforms"] and out["device_name"] == "cpu", out
     assert out["init_patched"] and out["shm_patched"] and not out["offload_is_class"], out
