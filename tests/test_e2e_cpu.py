@@ -125,6 +125,19 @@ def test_off_policy_update_moves_the_ratio_and_fires_the_mask(tepo_run):
     assert any(metric(d, "tepo/mask_frac") > 0 and metric(d, "tepo/masked_kl_mean") > 0 for d in records)
 
 
+def test_run_metrics_for_the_comparison_and_the_update_memory(tepo_run):
+    """What `tepo-verl compare` and benchmarks/step_cost.py read, from the real trainer: the common (token-mean)
+    entropy equals verl's own `actor/entropy` under the preset's token-mean aggregation, every step generates
+    BATCH x N responses (no dynamic sampling here), and the CPU mode logs the actor's memory during each update."""
+    for record in tepo_run["records"]:
+        data = record["data"]
+        assert metric(data, "tepo_verl/entropy_token_mean") == pytest.approx(data["actor/entropy"], rel=1e-5)
+        assert metric(data, "tepo_verl/responses_generated") == BATCH * N
+        assert metric(data, "tepo_verl/prompts_generated") == BATCH
+        peak, start = metric(data, "perf/cpu_update_peak_rss_gb"), metric(data, "perf/cpu_update_start_rss_gb")
+        assert 0 < start <= peak < 64, (record["step"], start, peak)
+
+
 def test_recipe_ends_with_the_comparison_table(tepo_run):
     console = tepo_run["console"]
     assert "[cpu.sh] comparison of the runs under" in console
@@ -193,6 +206,7 @@ def test_on_policy_invariants_hold_exactly(onpolicy_run):
         for name in ("tepo/seq_ratio_mean", "tepo/seq_ratio_min", "tepo/seq_ratio_max"):
             assert metric(data, name) == 1.0, (step, name, metric(data, name))
         assert metric(data, "tepo/entropy_delta") == 0.0, step
+        assert metric(data, "tepo/surprisal_disagreement") == 0.0, step  # surprisal == surprisal_old on-policy
         assert metric(data, "tepo/entropy") > 0.0, step  # the current entropy was computed (not a zero fill)
         assert metric(data, "tepo/mask_frac") == 0.0, step
         assert metric(data, "tepo/masked_kl_mean") == 0.0, step
