@@ -29,11 +29,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--task", choices=("addition", "scratchpad"), default="addition",
+                        help="the tiny task (recipes/cpu.sh TASK): 3-token answers, or ~48-token scratchpads")
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "mask_disagreement")
     args = parser.parse_args(argv)
-    run_dir = args.out / f"tepo-surprisal-seed{args.seed}"
+    run_dir = args.out / f"tepo-surprisal-{args.task}-seed{args.seed}"
     env = dict(os.environ, ALGO="tepo", STEPS=str(args.steps), RUN_DIR=str(run_dir), PYTHON=sys.executable,
-               BATCH=str(UPDATES), N="8", MINI="1", SEED=str(args.seed), TEST_FREQ=str(args.steps))
+               BATCH=str(UPDATES), N="8", MINI="1", SEED=str(args.seed), TEST_FREQ=str(args.steps), COMPARE="0",
+               TASK=args.task)
     env.pop("VERL_FILE_LOGGER_PATH", None)
     run_dir.mkdir(parents=True, exist_ok=True)
     with open(run_dir / "bench-console.log", "w") as console:
