@@ -159,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"step_cost: the {preset} run logged no update_actor after step 1")
         results[preset] = {
             "time": [metric(r, "timing_s/update_actor") for r in measured],
+            "worker": [metric(r, "perf/cpu_update_s") for r in measured],
             "memory": [metric(r, "perf/cpu_update_peak_rss_gb") for r in measured],
             "start": [metric(r, "perf/cpu_update_start_rss_gb") for r in measured],
             "response_length": [metric(r, "response_length/mean") for r in measured],
@@ -166,15 +167,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[step_cost] {preset}: {len(measured)} measured steps, run took {time.time() - t0:.0f} s", flush=True)
 
     print(f"\nupdate_actor per step (median of steps 2..{args.steps}; vocabulary {VOCAB_SIZE}, "
-          f"{RESPONSE_TOKENS}-token responses, 16 per step, 2 updates per step)")
-    print(f"{'preset':<14}{'resp len':>9}{'time s':>9}{'peak RSS GiB':>14}{'RSS at start':>14}{'time/gspo':>11}"
-          f"{'mem/gspo':>10}")
+          f"{RESPONSE_TOKENS}-token responses, 16 per step, 2 updates per step; x = ratio to gspo)")
+    columns = (("time", "update_actor s"), ("worker", "in actor s"), ("memory", "peak RSS GiB"))
+    print(f"{'preset':<12}{'resp len':>9}" + "".join(f"{title:>15}{'x':>7}" for _, title in columns)
+          + f"{'RSS at start':>14}")
     base = results.get("gspo")
     for preset, r in results.items():
-        n, t, m, s = (statistics.median(r[k]) for k in ("response_length", "time", "memory", "start"))
-        rel = (f"{t / statistics.median(base['time']):>11.3f}{m / statistics.median(base['memory']):>10.3f}"
-               if base else "")
-        print(f"{preset:<14}{n:>9.1f}{t:>9.2f}{m:>14.3f}{s:>14.3f}{rel}")
+        cells = ""
+        for key, _ in columns:
+            value = statistics.median(r[key])
+            ratio = value / statistics.median(base[key]) if base else float("nan")
+            cells += f"{value:>15.3f}{ratio:>7.3f}"
+        print(f"{preset:<12}{statistics.median(r['response_length']):>9.1f}{cells}"
+              f"{statistics.median(r['start']):>14.3f}")
     (args.out / "step_cost.json").write_text(json.dumps(results, indent=1))
     print(f"(raw per-step values: {args.out / 'step_cost.json'}; total {time.time() - started:.0f} s)")
     if "tepo" in results and base:

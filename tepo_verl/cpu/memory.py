@@ -1,6 +1,7 @@
 """The actor's memory on CPU, where verl's accelerator memory metrics read 0: the peak resident set size (RSS) of
 the process during each update, logged as `perf/cpu_update_peak_rss_gb` (and the RSS when the update started as
-`perf/cpu_update_start_rss_gb`).
+`perf/cpu_update_start_rss_gb`), with the update's wall time inside the actor process as `perf/cpu_update_s`
+(verl's own `timing_s/update_actor` also counts the dispatch and the data transfer around it).
 
 Linux keeps the peak RSS of a process (VmHWM in /proc/self/status) and resets it when "5" is written to
 /proc/self/clear_refs, so the peak of exactly one update is measured by resetting at its start. Before the reset,
@@ -15,6 +16,7 @@ import ctypes
 import ctypes.util
 import functools
 import re
+import time
 
 GIB = 1024**3
 
@@ -59,13 +61,16 @@ def patch_update_peak_memory(module) -> None:
         release_free_heap()
         reset_peak_rss()
         start = rss_bytes()
+        began = time.perf_counter()
         output = stock(self, data)
+        elapsed = time.perf_counter() - began
         if output is not None:
             from verl.utils import tensordict_utils as tu
 
             metrics = tu.get(output, "metrics")
             metrics["perf/cpu_update_peak_rss_gb"] = peak_rss_bytes() / GIB
             metrics["perf/cpu_update_start_rss_gb"] = start / GIB
+            metrics["perf/cpu_update_s"] = elapsed
         return output
 
     train_mini_batch.__tepo_cpu_stock__ = stock
