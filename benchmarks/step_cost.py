@@ -32,7 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 VOCAB_SIZE = 151936  # Qwen2.5's embedding / head rows (the tokenizer has 151,665 tokens; the rest is padding)
 RESPONSE_TOKENS = 64
-PRESETS = ("tepo", "gspo", "grpo", "dapo")
+PRESETS = ("grpo", "tepo", "gspo", "dapo")  # the compared pair neither first nor last
 
 
 def qwen_tokenizer_dir() -> Path:
