@@ -102,6 +102,7 @@ def tepo_policy_loss(
         return None if t is None else torch.where(valid, t if grad else t.detach(), 0).to(dtype)
 
     l, l_old, adv = clean(log_prob, grad=True), clean(old_log_prob), clean(advantages)  # (B, T) each
+    h, h_old = clean(entropy), clean(old_entropy)  # (B, T) each, or None
 
     # 1. Ratio: the sequence (or prefix) log-ratio, carried by each token straight through its own log-prob.
     tok_log_ratio = token_log_ratio(l.detach(), l_old, valid)  # (B, T)
@@ -118,7 +119,7 @@ def tepo_policy_loss(
         pg = pg * clean(rollout_is_weights)
 
     # 4. KL mask: positive advantage and entropy falling (A = 0 on padding, so padding is never masked).
-    falling = entropy_falling(rule, l.detach(), l_old, clean(entropy), clean(old_entropy))  # (B, T) bool
+    falling = entropy_falling(rule, l.detach(), l_old, h, h_old)  # (B, T) bool
     mask = (adv > 0) & falling  # (B, T) bool
 
     # 5. Penalty on the masked tokens (or drop their policy term).
@@ -134,7 +135,7 @@ def tepo_policy_loss(
     loss = aggregate(token_loss, valid)
 
     metrics = loss_metrics(valid, adv, mask, kl.detach(), seq_log_ratio, ratio.detach(), clipped_ratio.detach(),
-                           options.log_ratio_clamp, clean(entropy), clean(old_entropy), l.detach(), l_old)
+                           options.log_ratio_clamp, h, h_old, l.detach(), l_old)
     return TepoLossOutput(loss=loss, token_loss=token_loss, mask=mask,
                           seq_ratio=torch.exp(torch.clamp(seq_log_ratio, max=options.log_ratio_clamp)),
                           mask_rule=rule, mask_fallback_used=fell_back, metrics=metrics)
