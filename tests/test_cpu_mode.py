@@ -243,6 +243,20 @@ def test_offload_policy_without_pinning():
     assert isinstance(policy, fsdp.CPUOffloadPolicy) and policy.pin_memory is False
 
 
+def test_replay_buffer_polls_faster_on_cpu():
+    from verl.trainer.ppo.v1 import replay_buffer
+
+    class Buffer(replay_buffer.ReplayBuffer):  # a subclass, so verl's own class stays unpatched here
+        pass
+
+    patches.patch_replay_buffer_poll(types.SimpleNamespace(ReplayBuffer=Buffer))
+    args = dict(trainer_mode="sync", trainer_config={}, max_off_policy_threshold=None,
+                max_off_policy_strategy="drop", sampler_kwargs={})
+    assert replay_buffer.ReplayBuffer(**args).poll_interval == 2.0  # verl's default, the reason for the patch
+    assert Buffer(**args).poll_interval == patches.CPU_POLL_INTERVAL_S < 2.0
+    assert Buffer(**args, poll_interval=0.01).poll_interval == 0.01  # a faster explicit interval is kept
+
+
 def test_post_import_hook(tmp_path, monkeypatch):
     (tmp_path / "tepo_cpu_hook_probe.py").write_text("VALUE = 1\n")
     monkeypatch.syspath_prepend(str(tmp_path))

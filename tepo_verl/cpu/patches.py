@@ -19,6 +19,10 @@ use them. Each patched function keeps the original as `__tepo_cpu_stock__`.
    built with pin_memory=False.
 5. The actor's memory: verl's accelerator memory metrics read 0 on CPU, so each update_actor call logs the
    process's peak RSS during the update (memory.py).
+6. Replay-buffer polling: verl's v1 trainer waits for the rollout by polling its replay buffer every 2 s, a
+   fixed interval that is noise next to a GPU step but most of a tiny CPU step (every `timing_s/gen` and
+   `timing_s/testing` came out as a multiple of 2 s). On CPU the buffer polls every CPU_POLL_INTERVAL_S instead;
+   what it samples is unchanged (a sync step still waits for every group it dispatched).
 """
 
 from __future__ import annotations
@@ -145,6 +149,27 @@ def patch_fsdp_offload_policy(module) -> None:
 
 
 # ------------------------------------------------------------------------------------------------------------
+# 6. replay-buffer polling interval
+# ------------------------------------------------------------------------------------------------------------
+
+#: Seconds between the CPU mode's replay-buffer polls (verl's built-in default is 2.0).
+CPU_POLL_INTERVAL_S = 0.1
+
+
+def patch_replay_buffer_poll(module) -> None:
+    buffer = module.ReplayBuffer
+    stock = getattr(buffer.__init__, "__tepo_cpu_stock__", buffer.__init__)
+
+    @functools.wraps(stock)
+    def __init__(self, *args, **kwargs):
+        stock(self, *args, **kwargs)
+        self.poll_interval = min(self.poll_interval, CPU_POLL_INTERVAL_S)
+
+    __init__.__tepo_cpu_stock__ = stock
+    buffer.__init__ = __init__
+
+
+# ------------------------------------------------------------------------------------------------------------
 
 #: module -> patch, applied on import.
 PATCHES: dict[str, Callable] = {
@@ -153,6 +178,7 @@ PATCHES: dict[str, Callable] = {
     "vllm.model_executor.layers.utils": patch_vllm_cpu_gemm,
     "verl.workers.engine.fsdp.transformer_impl": patch_fsdp_offload_policy,
     "verl.workers.engine_workers": patch_update_peak_memory,
+    "verl.trainer.ppo.v1.replay_buffer": patch_replay_buffer_poll,
 }
 
 
