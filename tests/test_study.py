@@ -168,3 +168,71 @@ def test_the_committed_results_page_is_what_the_committed_runs_give(tmp_path):
         return [line for line in text.splitlines() if line and not line.startswith("![")]
 
     assert tables(committed) == tables(expected)
+
+
+def test_lock_wraps_each_run():
+    arm = next(a for a in study.ARMS if a.name == "tepo")
+    env, argv = study.command_for(study.Run(arm, 3), study.REGIME, study.RECIPE, "LOCKFILE")
+    assert argv[:3] == ["flock", "LOCKFILE", "bash"] and env["SEED"] == "3" and env["ALGO"] == "tepo"
+    line = study.shown(env, argv, REPO)
+    assert " flock LOCKFILE bash recipes/cpu.sh " in line and "TASK=scratchpad" in line
+
+
+# ------------------------------------------------------------------------------------------------- the plan
+
+def test_plan_has_the_main_arms_with_five_seeds_and_the_ablations():
+    main = [a.name for a in study.ARMS if a.group == "main"]
+    assert main == ["tepo", "tepo_nomask", "gspo", "grpo", "dapo"]
+    assert study.SEEDS["main"] == (1, 2, 3, 4, 5) and len(study.SEEDS["ablation"]) >= 2
+    runs = study.plan(study.select_arms("all"), None)
+    assert len(runs) == 5 * 5 + len(study.ARMS[5:]) * len(study.SEEDS["ablation"])
+    assert len({r.name for r in runs}) == len(runs)
+    clip = lambda preset: {a.name.split("-", 1)[1] for a in study.ARMS if a.preset == preset and "clip" in a.name}  # noqa: E731
+    assert clip("tepo") == clip("gspo") != set()  # GSPO gets the same clip sweep
+    rules = {o.split("=")[1] for a in study.ARMS for o in a.overrides if ".mask_rule=" in o}
+    assert rules == {"surprisal", "old"}  # surprisal_old is the tepo arm
+    assert study.parse_seeds("1-3,7") == (1, 2, 3, 7)
+    for bad in ("0-2", "3-1", "x", ","):
+        with pytest.raises(study.StudyError):
+            study.parse_seeds(bad)
+    with pytest.raises(study.StudyError, match="unknown arm 'ppo'"):
+        study.select_arms("tepo,ppo")
+
+
+def test_every_arm_composes_with_verl_and_sets_its_overrides():
+    """Each arm's preset + overrides compose in verl's real config, and the actor dataclass carries them."""
+    from omegaconf import OmegaConf
+    from verl_config import actor_config, compose_config
+
+    for arm in study.ARMS:
+        overrides = [f"+algorithm={arm.preset}", *study.COMMON_OVERRIDES, *arm.overrides]
+        config = compose_config(overrides)
+        actor_config(overrides)  # verl validates the actor config (clip ranges, loss mode, the tepo block)
+        for override in (*study.COMMON_OVERRIDES, *arm.overrides):
+            key, value = override.split("=", 1)
+            assert str(OmegaConf.select(config, key)).lower() == value.lower(), (arm.name, key)
+
+
+def test_list_prints_the_plan_and_runs_nothing(tmp_path):
+    lines: list[str] = []
+    code = study.main(["--list", "--results-root", str(tmp_path)], log=lines.append)
+    assert code == 0 and not any(tmp_path.iterdir())
+    assert len(lines) == 1 + len(study.ARMS) and "tepo-mask_old" in "\n".join(lines)
+
+
+def test_git_state_names_the_commit_and_the_changed_tracked_files(tmp_path):
+    def git(*args):
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path,
+                              capture_output=True, text=True, check=True).stdout.strip()
+
+    git("init", "-q")
+    (tmp_path / "bench").mkdir()
+    for name in ("bench/a.py", "b.py"):
+        (tmp_path / name).write_text("x\n")
+    git("add", "bench/a.py", "b.py")
+    git("commit", "-q", "-m", "c")
+    head = git("rev-parse", "HEAD")
+    assert study.git_state(tmp_path) == {"commit": head, "changed_tracked_files": []}
+    (tmp_path / "bench" / "a.py").write_text("y\n")
+    (tmp_path / "new.py").write_text("untracked\n")
+    assert study.git_state(tmp_path) == {"commit": head, "changed_tracked_files": ["bench/a.py"]}
