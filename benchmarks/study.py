@@ -3,7 +3,7 @@
     python benchmarks/study.py                          # every arm and seed of the plan (hours: resumable)
     python benchmarks/study.py --arms main --seeds 1-5  # the five main arms only
     python benchmarks/study.py --list                   # the plan: arms, overrides, seeds, regime; runs nothing
-    python benchmarks/study.py --lock FILE ...          # hold flock(1) on FILE during each run (a shared machine)
+    python benchmarks/study.py --lock FILE ...          # hold an flock on FILE during each run (a shared machine)
 
 The regime (REGIME): the scratchpad task (tepo_verl/tiny/scratchpad.py) and its shipped starting policy, groups
 of 8 responses, 8 PPO updates per step (mini-batches of 1/8 of the batch, one epoch), validation every
@@ -29,7 +29,9 @@ the committed page equals what the committed runs give.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import fcntl
 import json
 import os
 import shlex
@@ -207,13 +209,25 @@ def git_state(repo: Path) -> dict:
     return {"commit": git("rev-parse", "HEAD").strip() or None, "changed_tracked_files": changed}
 
 
-def command_for(run: Run, regime: dict, recipe: Path, lock: str | None) -> tuple[dict, list[str]]:
-    """(environment additions, argv) of one run: `[flock LOCK] bash recipes/cpu.sh OVERRIDES...`."""
+def command_for(run: Run, regime: dict, recipe: Path) -> tuple[dict, list[str]]:
+    """(environment additions, argv) of one run: `bash recipes/cpu.sh OVERRIDES...`."""
     env = {**regime, "ALGO": run.arm.preset, "SEED": str(run.seed), "QUIET": "1", "COMPARE": "0"}
-    argv = ["bash", str(recipe), *COMMON_OVERRIDES, *run.arm.overrides]
-    if lock:
-        argv = ["flock", lock, *argv]
-    return env, argv
+    return env, ["bash", str(recipe), *COMMON_OVERRIDES, *run.arm.overrides]
+
+
+@contextlib.contextmanager
+def holding(lock: str | None):
+    """Hold an exclusive flock on `lock` (the one flock(1) takes) while the block runs; yields the seconds waited."""
+    if lock is None:
+        yield 0.0
+        return
+    began = time.time()
+    with open(lock, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield time.time() - began
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def shown(env: dict, argv: list[str], repo: Path) -> str:
@@ -237,7 +251,7 @@ def run_one(run: Run, results: Path, scratch: Path, regime: dict, recipe: Path, 
     if work.exists():  # an unfinished earlier attempt: start clean, so the JSONL holds this run only
         shutil.rmtree(work)
     work.mkdir(parents=True)
-    env_add, argv = command_for(run, regime, recipe, lock)
+    env_add, argv = command_for(run, regime, recipe)
     env_add = {**env_add, "RUN_DIR": str(work)}
     # the recipe and verl's workers use this interpreter and its environment's tools, activated or not
     bin_dir = str(Path(python).parent)
@@ -246,16 +260,16 @@ def run_one(run: Run, results: Path, scratch: Path, regime: dict, recipe: Path, 
         env["VIRTUAL_ENV"] = str(Path(bin_dir).parent)
     env.pop("VERL_FILE_LOGGER_PATH", None)
     state = git_state(REPO)
-    started = time.time()
     log(f"[study] {run.name}: {shown(env_add, argv, REPO)}")
-    with open(work / "recipe.log", "w") as recipe_log:
+    with holding(lock) as waited, open(work / "recipe.log", "w") as recipe_log:
+        started = time.time()  # the run's own time: waiting for the lock is recorded apart
         try:
             proc = subprocess.run(argv, env=env, cwd=REPO, stdout=recipe_log, stderr=subprocess.STDOUT,
                                   timeout=timeout)
             code = proc.returncode
         except subprocess.TimeoutExpired:
             code = "timeout"
-    wall = time.time() - started
+        wall = time.time() - started
     steps = int(regime["STEPS"])
     reached = last_step(work / "metrics.jsonl")
     if code != 0 or (reached or 0) < steps:
@@ -276,6 +290,7 @@ def run_one(run: Run, results: Path, scratch: Path, regime: dict, recipe: Path, 
         **state,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
         "wall_s": round(wall, 1),
+        "lock_wait_s": round(waited, 1),
         "python": sys.version.split()[0],
     }
     (out / "run.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
@@ -365,7 +380,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--results-root", type=Path, default=REPO / "benchmarks" / "results")
     parser.add_argument("--scratch-root", type=Path, default=REPO / "runs" / "study")
     parser.add_argument("--recipe", type=Path, default=RECIPE, help="the recipe (default recipes/cpu.sh)")
-    parser.add_argument("--lock", default=None, help="run each run under `flock LOCK` (a machine shared by others)")
+    parser.add_argument("--lock", default=None,
+                        help="hold an flock on this file during each run (a machine shared by others who use it)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds allowed per run (default 1800)")
     parser.add_argument("--max-runs", type=int, default=None, help="stop after this many new runs")
     parser.add_argument("--list", action="store_true", help="print the plan and which runs are finished; run nothing")

@@ -3,10 +3,13 @@ stand-in recipe (no training)."""
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import json
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -170,12 +173,23 @@ def test_the_committed_results_page_is_what_the_committed_runs_give(tmp_path):
     assert tables(committed) == tables(expected)
 
 
-def test_lock_wraps_each_run():
-    arm = next(a for a in study.ARMS if a.name == "tepo")
-    env, argv = study.command_for(study.Run(arm, 3), study.REGIME, study.RECIPE, "LOCKFILE")
-    assert argv[:3] == ["flock", "LOCKFILE", "bash"] and env["SEED"] == "3" and env["ALGO"] == "tepo"
-    line = study.shown(env, argv, REPO)
-    assert " flock LOCKFILE bash recipes/cpu.sh " in line and "TASK=scratchpad" in line
+def test_the_lock_is_held_during_each_run_and_its_wait_recorded_apart(fake, tmp_path):
+    run, results = fake
+    lock = tmp_path / "lock"
+    with open(lock, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # someone else's run
+        releaser = threading.Timer(1.0, fcntl.flock, (held, fcntl.LOCK_UN))
+        releaser.start()
+        began = time.time()
+        code, calls = run("--arms", "tepo", "--seeds", "1", "--steps", "2", "--no-compare", "--lock", str(lock))
+        total = time.time() - began
+        releaser.join()
+    assert code == 0 and len(calls) == 1
+    record = json.loads((results / "tepo-seed1" / "run.json").read_text())
+    assert record["lock_wait_s"] >= 0.9 and record["wall_s"] <= total - record["lock_wait_s"] + 0.1
+    assert record["command"].startswith("TASK=scratchpad ") and "flock" not in record["command"]
+    with open(lock, "a") as again:  # released after the run
+        fcntl.flock(again, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
 # ------------------------------------------------------------------------------------------------- the plan
