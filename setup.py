@@ -45,6 +45,7 @@ setup(
         "tqdm>=4.60",
         # the comparison report
         "pandas>=2",
+        "scipy>=1.11",
         "matplotlib>=3.7",
         "tabulate>=0.9",
     ],

@@ -41,6 +41,8 @@ import sys
 import time
 from pathlib import Path
 
+from tepo_verl.report.runs import default_label
+
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes" / "cpu.sh"
 PRESETS = REPO / "tepo_verl" / "config" / "algorithm"
@@ -316,7 +318,7 @@ def group_runs(results: Path) -> dict[str, list[Path]]:
     present = {p.name: p for p in sorted(results.iterdir()) if (p / "run.json").is_file()} if results.is_dir() else {}
 
     def folders(arm_names) -> list[Path]:
-        return [path for name, path in present.items() if name.rpartition("-seed")[0] in arm_names]
+        return [path for path in present.values() if default_label(path / "metrics.jsonl") in arm_names]
 
     main_arms = [arm.name for arm in ARMS if arm.group == "main"]
     ablations = [arm.name for arm in ARMS if arm.group == "ablation"]

@@ -10,9 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import itertools
+
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 from tepo_verl.report.compare import (
@@ -22,6 +26,7 @@ from tepo_verl.report.compare import (
     main,
     paired_differences,
     per_run_table,
+    sign_flip_p,
     steps_to_target,
     summarize,
     val_auc,
@@ -159,6 +164,8 @@ def test_paired_differences_by_seed(tables):
     assert dapo.pairs == 2 and dapo.seeds == "1 2" and dapo.censored_pairs == 1
     assert dapo.mean_difference == -5 and (dapo.ci_low, dapo.ci_high) == (-10, 0)
     assert rows.loc[("dapo", "final_val_acc")].censored_pairs == 0
+    assert steps.p_value == pytest.approx(2 / 8)  # three negative differences: 2 of the 8 sign patterns as extreme
+    assert dapo.p_value == pytest.approx(1.0)  # -10 and 0: every pattern's |mean| is 5
     assert set(paired.baseline) == {"grpo", "dapo"}
 
 
@@ -174,6 +181,38 @@ def test_bootstrap_interval_properties():
     assert bootstrap_ci([0.0, 1.0]) == (0.0, 1.0)  # resampled means 0, 0.5, 1 with probabilities 1/4, 1/2, 1/4
     assert bootstrap_ci([3.0, 3.0, 3.0]) == (3.0, 3.0)
     assert all(math.isnan(v) for v in bootstrap_ci([3.0])) and all(math.isnan(v) for v in bootstrap_ci([None, 1]))
+
+
+def slow_sign_flip_p(differences) -> float:
+    """The sign-flip test from its definition: the share of the 2**n sign patterns whose |mean| reaches the
+    observed |mean| (ties by a relative tolerance, as exact arithmetic would count them)."""
+    data = np.asarray(differences, dtype=float)
+    observed = abs(data.mean())
+    means = [abs((data * np.array(signs)).mean()) for signs in itertools.product((1.0, -1.0), repeat=len(data))]
+    return sum(m >= observed * (1 - 1e-12) for m in means) / len(means)
+
+
+def test_sign_flip_p_goldens():
+    assert sign_flip_p([1, 2, 3, 4, 5]) == pytest.approx(2 / 32)  # only all-plus and all-minus are as extreme
+    assert sign_flip_p([5, -1, 2, 3, 4]) == pytest.approx(4 / 32)  # also the pattern that flips only the -1
+    assert sign_flip_p([1, -1]) == 1.0 and sign_flip_p([0.0, 0.0, 0.0]) == 1.0
+    assert math.isnan(sign_flip_p([3.0])) and math.isnan(sign_flip_p([None, 2.0]))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.floats(-100, 100, allow_nan=False).map(lambda v: round(v, 2)), min_size=2, max_size=8))
+def test_sign_flip_p_matches_its_definition(differences):
+    p = sign_flip_p(differences)
+    assert 2.0 ** (1 - len(differences)) - 1e-12 <= p <= 1.0
+    if any(differences):
+        assert p == pytest.approx(slow_sign_flip_p(differences), abs=1e-9)
+    assert sign_flip_p([-d for d in differences]) == pytest.approx(p)  # symmetric in the sign
+
+
+def test_sign_flip_p_samples_beyond_the_exact_limit():
+    differences = np.random.default_rng(0).normal(1.0, 1.0, size=24)  # 2**24 patterns: sampled, seeded
+    p = sign_flip_p(differences, n_resamples=4000)
+    assert p == sign_flip_p(differences, n_resamples=4000) and 0 < p < 0.01
 
 
 def test_auto_target_is_reachable_by_every_algorithm(runs_dir):

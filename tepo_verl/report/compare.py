@@ -6,7 +6,9 @@ accuracy (a run that never reaches it is censored at its last validated step and
 validation accuracy, the area under the validation curve normalised by its step span, the entropy at start and
 end (one definition for every algorithm: tepo_verl/entropy_token_mean), response length, KL-mask fraction and
 masked KL. Per algorithm: the seed mean of each, with a 95% percentile-bootstrap interval. Per baseline: the
-per-seed paired difference of the reference algorithm (TEPO) minus the baseline, with its bootstrap interval.
+per-seed paired difference of the reference algorithm (TEPO) minus the baseline, with its bootstrap interval and
+the two-sided p-value of a sign-flip permutation test (exact up to EXACT_PAIRS pairs). With few seeds the
+percentile bootstrap is too narrow, and the test's smallest possible p-value is 2 / 2**pairs (0.0625 for 5 pairs).
 Writes compare.md, compare.csv (per algorithm), compare_runs.csv (per run), compare_paired.csv and PNG plots.
 """
 
@@ -20,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 from tepo_verl.report.runs import (
     CHECKPOINT_TIME,
@@ -48,6 +51,8 @@ CI_METRICS = ["steps_to_target", "rollouts_to_target", "wall_s_to_target", "best
               "val_auc"]
 TO_TARGET = ("steps_to_target", "rollouts_to_target", "wall_s_to_target")
 CONFIDENCE = 0.95
+#: Up to this many pairs the sign-flip test enumerates every sign pattern (2**pairs); beyond, it samples them.
+EXACT_PAIRS = 16
 
 
 # ------------------------------------------------------------------ per run
@@ -141,6 +146,19 @@ def bootstrap_ci(values, *, confidence: float = CONFIDENCE, n_resamples: int = 1
     return float(low), float(high)
 
 
+def sign_flip_p(differences, *, n_resamples: int = 10_000, seed: int = 0) -> float:
+    """Two-sided p-value of the paired sign-flip permutation test of mean(differences) = 0: under the null each
+    per-seed difference is as likely negative as positive, so its sign is flipped at random. Exact (every one of
+    the 2**n patterns) for n <= EXACT_PAIRS; NaN for fewer than two differences."""
+    data = _finite(differences)
+    if len(data) < 2:
+        return math.nan
+    exact = len(data) <= EXACT_PAIRS
+    result = stats.permutation_test((data,), np.mean, permutation_type="samples", alternative="two-sided",
+                                    n_resamples=np.inf if exact else n_resamples, random_state=seed)
+    return float(result.pvalue)
+
+
 def mean_of(values) -> float:
     data = _finite(values)
     return float(data.mean()) if len(data) else math.nan
@@ -196,9 +214,10 @@ def summarize(per_run: pd.DataFrame, *, n_resamples: int = 10_000, seed: int = 0
 def paired_differences(per_run: pd.DataFrame, reference: str | None, *, n_resamples: int = 10_000,
                        seed: int = 0) -> pd.DataFrame:
     """For each baseline and CI metric: the mean over seeds present in both of (reference - baseline) of that
-    seed, with its bootstrap interval. `censored_pairs` counts pairs where either run is censored (for the
+    seed, with its bootstrap interval and sign-flip p-value. `censored_pairs` counts pairs where either run is censored (for the
     to-target metrics their difference is not a measured one)."""
-    columns = ["baseline", "metric", "pairs", "censored_pairs", "mean_difference", "ci_low", "ci_high", "seeds"]
+    columns = ["baseline", "metric", "pairs", "censored_pairs", "mean_difference", "ci_low", "ci_high", "p_value",
+               "seeds"]
     if reference is None or reference not in set(per_run["algorithm"]):
         return pd.DataFrame(columns=columns)
     by_seed = {label: group.dropna(subset=["seed"]).set_index("seed")
@@ -217,7 +236,9 @@ def paired_differences(per_run: pd.DataFrame, reference: str | None, *, n_resamp
             low, high = bootstrap_ci(differences, n_resamples=n_resamples, seed=seed)
             rows.append({"baseline": baseline, "metric": name, "pairs": len(differences),
                          "censored_pairs": censored, "mean_difference": mean_of(differences),
-                         "ci_low": low, "ci_high": high, "seeds": " ".join(str(int(s)) for s in used)})
+                         "ci_low": low, "ci_high": high,
+                         "p_value": sign_flip_p(differences, n_resamples=n_resamples, seed=seed),
+                         "seeds": " ".join(str(int(s)) for s in used)})
     return pd.DataFrame(rows, columns=columns)
 
 
@@ -287,12 +308,16 @@ def render(summary: pd.DataFrame, per_run: pd.DataFrame, paired: pd.DataFrame, t
         runs_shown[name] = [_number(v) for v in runs_shown[name]]
     lines += ["Per run:", "", _markdown(runs_shown.astype(str), text_columns=1), ""]
     if len(paired):
-        lines += [f"Paired by seed: {reference} minus baseline, mean [{CONFIDENCE:.0%} bootstrap interval]:", ""]
+        smallest = 2.0 ** (1 - paired["pairs"].max())
+        lines += [f"Paired by seed: {reference} minus baseline, mean [{CONFIDENCE:.0%} bootstrap interval], and the "
+                  f"two-sided sign-flip permutation p-value (with {paired['pairs'].max()} pairs the smallest possible "
+                  f"p is {smallest:.4g}; with few seeds the bootstrap interval is too narrow):", ""]
         shown_pairs = paired.assign(
             mean_difference=[_number(v) for v in paired["mean_difference"]],
+            p_value=[_number(v, 3) for v in paired["p_value"]],
             ci=[("nan" if math.isnan(lo) else f"[{_number(lo)}, {_number(hi)}]")
                 for lo, hi in zip(paired["ci_low"], paired["ci_high"], strict=True)],
-        )[["baseline", "metric", "pairs", "censored_pairs", "mean_difference", "ci", "seeds"]]
+        )[["baseline", "metric", "pairs", "censored_pairs", "mean_difference", "ci", "p_value", "seeds"]]
         lines += [_markdown(shown_pairs.astype(str), text_columns=2), ""]
     for other, ratio in ratios.items():
         change = f"{(1 - ratio) * 100:.1f}% fewer" if ratio <= 1 else f"{(ratio - 1) * 100:.1f}% more"
