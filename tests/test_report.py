@@ -145,6 +145,9 @@ def test_summary_means_and_intervals(tables):
     assert tepo.best_val_acc == pytest.approx(0.6333333) and tepo.final_val_acc == pytest.approx(0.6333333)
     assert tepo.entropy_start == pytest.approx(0.98) and tepo.entropy_end == pytest.approx(0.6)
     assert math.isnan(grpo.kl_mask_fraction) and tepo.kl_mask_fraction == pytest.approx(0.2)
+    # the final entropy gets an interval too (seeds end at 0.8, 0.6, 0.4); the start entropy is a plain mean
+    assert 0.4 - 1e-12 <= tepo.entropy_end_ci_low < 0.6 < tepo.entropy_end_ci_high <= 0.8 + 1e-12
+    assert "entropy_start_ci_low" not in summary.columns
     # tepo's steps to target are 10, 10, 5: every resampled mean lies in [5, 10]
     assert 5 <= tepo.steps_to_target_ci_low < tepo.steps_to_target < tepo.steps_to_target_ci_high <= 10
     # dapo's two seeds (10 and 20 censored): resampled means 10, 15 or 20, with probabilities 1/4, 1/2, 1/4
@@ -164,6 +167,8 @@ def test_paired_differences_by_seed(tables):
     assert dapo.pairs == 2 and dapo.seeds == "1 2" and dapo.censored_pairs == 1
     assert dapo.mean_difference == -5 and (dapo.ci_low, dapo.ci_high) == (-10, 0)
     assert rows.loc[("dapo", "final_val_acc")].censored_pairs == 0
+    entropy = rows.loc[("grpo", "entropy_end")]  # every seed's entropy ends where that seed's grpo run's does
+    assert entropy.pairs == 3 and entropy.mean_difference == pytest.approx(0) and entropy.p_value == 1.0
     assert steps.p_value == pytest.approx(2 / 8)  # three negative differences: 2 of the 8 sign patterns as extreme
     assert dapo.p_value == pytest.approx(1.0)  # -10 and 0: every pattern's |mean| is 5
     assert set(paired.baseline) == {"grpo", "dapo"}

@@ -5,7 +5,8 @@ across algorithms. Per run: steps, rollouts (generated responses) and training w
 accuracy (a run that never reaches it is censored at its last validated step and flagged), best and final
 validation accuracy, the area under the validation curve normalised by its step span, the entropy at start and
 end (one definition for every algorithm: tepo_verl/entropy_token_mean), response length, KL-mask fraction and
-masked KL. Per algorithm: the seed mean of each, with a 95% percentile-bootstrap interval. Per baseline: the
+masked KL. Per algorithm: the seed mean of each, with a 95% percentile-bootstrap interval for CI_METRICS (the
+to-target quantities, the accuracies, the curve's area and the final entropy). Per baseline: the
 per-seed paired difference of the reference algorithm (TEPO) minus the baseline, with its bootstrap interval and
 the two-sided p-value of a sign-flip permutation test (exact up to EXACT_PAIRS pairs). With few seeds the
 percentile bootstrap is too narrow, and the test's smallest possible p-value is 2 / 2**pairs (0.0625 for 5 pairs).
@@ -48,7 +49,11 @@ PLOTS = {
 
 #: Per-run quantities that get a seed mean with a bootstrap interval, and a paired difference against the reference.
 CI_METRICS = ["steps_to_target", "rollouts_to_target", "wall_s_to_target", "best_val_acc", "final_val_acc",
-              "val_auc"]
+              "val_auc", "entropy_end"]
+#: Per-run quantities that get a plain seed mean.
+MEANS = ["entropy_start", "response_length", "kl_mask_fraction", "masked_kl"]
+#: The per-algorithm table's columns after the run counts.
+SUMMARY_COLUMNS = [*CI_METRICS[:-1], "entropy_start", "entropy_end", *MEANS[1:]]
 TO_TARGET = ("steps_to_target", "rollouts_to_target", "wall_s_to_target")
 CONFIDENCE = 0.95
 #: Up to this many pairs the sign-flip test enumerates every sign pattern (2**pairs); beyond, it samples them.
@@ -205,7 +210,7 @@ def summarize(per_run: pd.DataFrame, *, n_resamples: int = 10_000, seed: int = 0
             row[name] = mean_of(group[name])
             row[f"{name}_ci_low"], row[f"{name}_ci_high"] = bootstrap_ci(group[name], n_resamples=n_resamples,
                                                                          seed=seed)
-        for name in ("entropy_start", "entropy_end", "response_length", "kl_mask_fraction", "masked_kl"):
+        for name in MEANS:
             row[name] = mean_of(group[name])
         rows.append(row)
     return pd.DataFrame(rows)
@@ -291,9 +296,8 @@ def render(summary: pd.DataFrame, per_run: pd.DataFrame, paired: pd.DataFrame, t
         "steps": summary["steps"].astype(str),
         "reached": [f"{r}/{n}" for r, n in zip(summary["reached"], summary["seeds"], strict=True)],
         **{name: [_with_ci(row, name) for _, row in summary.iterrows()] for name in CI_METRICS},
-        **{name: [_number(v) for v in summary[name]] for name in
-           ("entropy_start", "entropy_end", "response_length", "kl_mask_fraction", "masked_kl")},
-    })
+        **{name: [_number(v) for v in summary[name]] for name in MEANS},
+    })[["algorithm", "seeds", "steps", "reached", *SUMMARY_COLUMNS]]
     lines = [f"Target validation accuracy: {target:.4f}", "",
              f"Per algorithm: seed mean [{CONFIDENCE:.0%} bootstrap interval over seeds]; '>=' marks a lower "
              "bound (some seeds never reached the target and count at their last validated step).", "",
