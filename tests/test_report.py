@@ -64,6 +64,8 @@ def write_run(path, label, seed):
                 if step == 10:
                     data["timing_s/step"] += CHECKPOINT_SECONDS
                     data["timing_s/save_checkpoint"] = CHECKPOINT_SECONDS
+                if label != "dapo":  # a run that logs no clip fraction shows nan
+                    data["actor/pg_clipfrac"] = 0.1 * seed
                 if label == "tepo":
                     data["actor/tepo/mask_frac"] = 0.1 * seed
                     data["actor/tepo/masked_kl_mean"] = 0.01 * seed
@@ -126,6 +128,7 @@ def test_per_run_values_and_censoring(tables):
     assert tepo1.entropy_start == pytest.approx(0.99) and tepo1.entropy_end == pytest.approx(0.8)
     assert tepo1.kl_mask_fraction == pytest.approx(0.1) and tepo1.masked_kl == pytest.approx(0.01)
     assert tepo1.response_length == pytest.approx(110.5)
+    assert tepo1.clip_fraction == pytest.approx(0.1) and math.isnan(rows.loc[("dapo", 1)].clip_fraction)
     dapo2 = rows.loc[("dapo", 2)]  # never reaches 0.5: kept, censored at its last validated step
     assert not dapo2.reached and dapo2.censored
     assert dapo2.steps_to_target == 20 and dapo2.rollouts_to_target == 360 and dapo2.wall_s_to_target == 30.0
@@ -145,6 +148,7 @@ def test_summary_means_and_intervals(tables):
     assert tepo.best_val_acc == pytest.approx(0.6333333) and tepo.final_val_acc == pytest.approx(0.6333333)
     assert tepo.entropy_start == pytest.approx(0.98) and tepo.entropy_end == pytest.approx(0.6)
     assert math.isnan(grpo.kl_mask_fraction) and tepo.kl_mask_fraction == pytest.approx(0.2)
+    assert tepo.clip_fraction == pytest.approx(0.2) and math.isnan(summary.loc["dapo"].clip_fraction)
     # the final entropy gets an interval too (seeds end at 0.8, 0.6, 0.4); the start entropy is a plain mean
     assert 0.4 - 1e-12 <= tepo.entropy_end_ci_low < 0.6 < tepo.entropy_end_ci_high <= 0.8 + 1e-12
     assert "entropy_start_ci_low" not in summary.columns

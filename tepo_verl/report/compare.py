@@ -4,8 +4,8 @@ Runs with the same label are seeds of one algorithm; the seed number in a run's 
 across algorithms. Per run: steps, rollouts (generated responses) and training wall time to a target validation
 accuracy (a run that never reaches it is censored at its last validated step and flagged), best and final
 validation accuracy, the area under the validation curve normalised by its step span, the entropy at start and
-end (one definition for every algorithm: tepo_verl/entropy_token_mean), response length, KL-mask fraction and
-masked KL. Per algorithm: the seed mean of each, with a 95% percentile-bootstrap interval for CI_METRICS (the
+end (one definition for every algorithm: tepo_verl/entropy_token_mean), response length, KL-mask fraction,
+masked KL and clipped fraction. Per algorithm: the seed mean of each, with a 95% percentile-bootstrap interval for CI_METRICS (the
 to-target quantities, the accuracies, the curve's area and the final entropy). Per baseline: the
 per-seed paired difference of the reference algorithm (TEPO) minus the baseline, with its bootstrap interval and
 the two-sided p-value of a sign-flip permutation test (exact up to EXACT_PAIRS pairs). With few seeds the
@@ -27,6 +27,7 @@ from scipy import stats
 
 from tepo_verl.report.runs import (
     CHECKPOINT_TIME,
+    CLIP_FRAC,
     ENTROPY,
     MASK_FRAC,
     MASKED_KL,
@@ -51,7 +52,7 @@ PLOTS = {
 CI_METRICS = ["steps_to_target", "rollouts_to_target", "wall_s_to_target", "best_val_acc", "final_val_acc",
               "val_auc", "entropy_end"]
 #: Per-run quantities that get a plain seed mean.
-MEANS = ["entropy_start", "response_length", "kl_mask_fraction", "masked_kl"]
+MEANS = ["entropy_start", "response_length", "kl_mask_fraction", "masked_kl", "clip_fraction"]
 #: The per-algorithm table's columns after the run counts.
 SUMMARY_COLUMNS = [*CI_METRICS[:-1], "entropy_start", "entropy_end", *MEANS[1:]]
 TO_TARGET = ("steps_to_target", "rollouts_to_target", "wall_s_to_target")
@@ -126,6 +127,7 @@ def run_row(run: Run, target: float) -> dict:
         "response_length": _mean_of(run.series(RESPONSE_LENGTH)),
         "kl_mask_fraction": _mean_of(run.series(MASK_FRAC)),
         "masked_kl": _mean_of(run.series(MASKED_KL)),
+        "clip_fraction": _mean_of(run.series(CLIP_FRAC)),
     }
 
 

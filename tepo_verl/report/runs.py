@@ -19,6 +19,8 @@ RESPONSES_GENERATED = "tepo_verl/responses_generated"
 RESPONSE_LENGTH = "response_length/mean"
 STEP_TIME = "timing_s/step"  # verl: one training step (generation, regeneration, log-probs, update), no validation
 CHECKPOINT_TIME = "timing_s/save_checkpoint"  # verl: inside timing_s/step; subtracted (not the algorithm's work)
+#: verl: the share of response tokens whose policy term is clipped (for sequence ratios, whole sequences clip)
+CLIP_FRAC = "actor/pg_clipfrac"
 MASK_FRAC = "actor/tepo/mask_frac"
 MASKED_KL = "actor/tepo/masked_kl_mean"
 VAL_CORE = re.compile(r"^val-core/(?P<source>.+)/(?P<var>acc|reward)/mean@\d+$")
