@@ -5,9 +5,9 @@ across algorithms. Per run: steps, rollouts (generated responses) and training w
 accuracy (a run that never reaches it is censored at its last validated step and flagged), best and final
 validation accuracy, the area under the validation curve normalised by its step span, the entropy at start and
 end (one definition for every algorithm: tepo_verl/entropy_token_mean), response length, KL-mask fraction,
-masked KL and clipped fraction. Per algorithm: the seed mean of each, with a 95% percentile-bootstrap interval for CI_METRICS (the
-to-target quantities, the accuracies, the curve's area and the final entropy). Per baseline: the
-per-seed paired difference of the reference algorithm (TEPO) minus the baseline, with its bootstrap interval and
+masked KL and clipped fraction. Per algorithm: the seed mean of each, with a 95% percentile-bootstrap interval
+for CI_METRICS (the to-target quantities, the accuracies, the curve's area and the final entropy). Per baseline:
+the per-seed paired difference of the reference algorithm (TEPO) minus the baseline, with its bootstrap interval and
 the two-sided p-value of a sign-flip permutation test (exact up to EXACT_PAIRS pairs). With few seeds the
 percentile bootstrap is too narrow, and the test's smallest possible p-value is 2 / 2**pairs (0.0625 for 5 pairs).
 Writes compare.md, compare.csv (per algorithm), compare_runs.csv (per run), compare_paired.csv and PNG plots.
@@ -221,8 +221,8 @@ def summarize(per_run: pd.DataFrame, *, n_resamples: int = 10_000, seed: int = 0
 def paired_differences(per_run: pd.DataFrame, reference: str | None, *, n_resamples: int = 10_000,
                        seed: int = 0) -> pd.DataFrame:
     """For each baseline and CI metric: the mean over seeds present in both of (reference - baseline) of that
-    seed, with its bootstrap interval and sign-flip p-value. `censored_pairs` counts pairs where either run is censored (for the
-    to-target metrics their difference is not a measured one)."""
+    seed, with its bootstrap interval and sign-flip p-value. `censored_pairs` counts pairs where either run is
+    censored (for the to-target metrics their difference is not a measured one)."""
     columns = ["baseline", "metric", "pairs", "censored_pairs", "mean_difference", "ci_low", "ci_high", "p_value",
                "seeds"]
     if reference is None or reference not in set(per_run["algorithm"]):
