@@ -27,6 +27,7 @@ from tepo_verl.report.compare import (
     paired_differences,
     per_run_table,
     sign_flip_p,
+    step_ratios,
     steps_to_target,
     summarize,
     val_auc,
@@ -178,6 +179,21 @@ def test_paired_differences_by_seed(tables):
     assert set(paired.baseline) == {"grpo", "dapo"}
 
 
+def test_step_ratios_use_the_seeds_both_ran(tables):
+    per_run, _, _ = tables
+    ratios = step_ratios(per_run, "tepo")
+    assert set(ratios) == {"grpo", "dapo"}
+    grpo_ratio, grpo_seeds = ratios["grpo"]
+    assert grpo_ratio == pytest.approx((25 / 3) / 15) and grpo_seeds == "seeds 1 2 3"  # (10+10+5)/3 / (15+20+10)/3
+    dapo_ratio, dapo_seeds = ratios["dapo"]  # dapo has no seed 3, so tepo's seed 3 (5 steps) is left out
+    assert dapo_ratio == pytest.approx(10 / 15) and dapo_seeds == "seeds 1 2"
+    unseeded = per_run.assign(seed=[math.nan if label == "dapo" else seed
+                                    for label, seed in zip(per_run["algorithm"], per_run["seed"], strict=True)])
+    ratio, over = step_ratios(unseeded, "tepo")["dapo"]
+    assert ratio == pytest.approx((25 / 3) / 15) and over == "all runs, no shared seeds"
+    assert step_ratios(per_run, "gspo") == {} and step_ratios(per_run, None) == {}
+
+
 def test_bootstrap_interval_properties():
     rng = np.random.default_rng(1)
     values = rng.normal(10, 2, size=5)
@@ -232,10 +248,11 @@ def test_auto_target_is_reachable_by_every_algorithm(runs_dir):
 def test_command_writes_tables_csv_and_plots(runs_dir, tmp_path, capsys):
     out = tmp_path / "report"
     assert main([f"tepo={runs_dir / 'tepo-seed1.jsonl'}", f"tepo={runs_dir / 'tepo-seed2.jsonl'}",
-                 str(runs_dir / "grpo-seed1.jsonl"), str(runs_dir / "grpo-seed2.jsonl"), str(runs_dir / "dapo-seed2.jsonl"),
+                 str(runs_dir / "grpo-seed1.jsonl"), str(runs_dir / "grpo-seed2.jsonl"),
+                 str(runs_dir / "dapo-seed2.jsonl"),
                  "--target", "0.5", "--out", str(out), "--resamples", "1000"]) == 0
     printed = capsys.readouterr().out
-    assert "steps-to-target tepo / grpo = 0.571 (42.9% fewer steps for tepo)" in printed
+    assert "steps-to-target tepo / grpo = 0.571 (42.9% fewer steps for tepo; seeds 1 2)" in printed
     assert re.search(r"\| tepo +\| +2 \| +20 \| +2/2 \| +10 \[10, 10\] \|", printed)
     assert re.search(r"\| dapo +\| +1 \| +20 \| +0/1 \| +>= 20 \|", printed)  # one censored seed: a lower bound
     csv = pd.read_csv(out / "compare.csv")

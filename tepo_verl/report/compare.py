@@ -10,6 +10,7 @@ for CI_METRICS (the to-target quantities, the accuracies, the curve's area and t
 the per-seed paired difference of the reference algorithm (TEPO) minus the baseline, with its bootstrap interval and
 the two-sided p-value of a sign-flip permutation test (exact up to EXACT_PAIRS pairs). With few seeds the
 percentile bootstrap is too narrow, and the test's smallest possible p-value is 2 / 2**pairs (0.0625 for 5 pairs).
+The ratio of mean steps to target, reference over baseline, is taken over the seeds both ran.
 Writes compare.md, compare.csv (per algorithm), compare_runs.csv (per run), compare_paired.csv and PNG plots.
 """
 
@@ -258,14 +259,28 @@ def default_reference(labels) -> str | None:
     return candidates[0] if len(candidates) == 1 else None
 
 
-def step_ratios(table: pd.DataFrame, reference: str | None) -> dict[str, float]:
-    """mean steps_to_target(reference) / mean steps_to_target(other) for every other algorithm (< 1: reference
-    is faster); censored seeds count at their censoring step."""
-    by_label = table.set_index("algorithm")["steps_to_target"]
-    if reference is None or reference not in by_label:
+def step_ratios(per_run: pd.DataFrame, reference: str | None) -> dict[str, tuple[float, str]]:
+    """For every other algorithm: (mean steps_to_target of the reference / that of the other, the runs it is over).
+
+    Over the seeds both algorithms ran when they share any, so that an arm with fewer seeds is not set against the
+    reference's other seeds; over all runs of each otherwise. < 1: the reference is faster. Censored runs count at
+    their censoring step."""
+    if reference is None or reference not in set(per_run["algorithm"]):
         return {}
-    return {other: by_label[reference] / value for other, value in by_label.items()
-            if other != reference and value and not math.isnan(value)}
+    groups = dict(tuple(per_run.groupby("algorithm")))
+    ref = groups[reference]
+    ratios = {}
+    for other, runs in sorted(groups.items()):
+        shared = sorted(set(ref["seed"].dropna()) & set(runs["seed"].dropna()))
+        if shared:
+            mine, theirs = ref[ref["seed"].isin(shared)], runs[runs["seed"].isin(shared)]
+            over = "seeds " + " ".join(str(int(s)) for s in shared)
+        else:
+            mine, theirs, over = ref, runs, "all runs, no shared seeds"
+        value = mean_of(theirs["steps_to_target"])
+        if other != reference and value and not math.isnan(value):
+            ratios[other] = (mean_of(mine["steps_to_target"]) / value, over)
+    return ratios
 
 
 # ------------------------------------------------------------------ output
@@ -291,7 +306,7 @@ def _markdown(table: pd.DataFrame, text_columns: int) -> str:
 
 
 def render(summary: pd.DataFrame, per_run: pd.DataFrame, paired: pd.DataFrame, target: float,
-           ratios: dict[str, float], reference: str | None) -> str:
+           ratios: dict[str, tuple[float, str]], reference: str | None) -> str:
     shown = pd.DataFrame({
         "algorithm": summary["algorithm"],
         "seeds": summary["seeds"].astype(str),
@@ -325,9 +340,10 @@ def render(summary: pd.DataFrame, per_run: pd.DataFrame, paired: pd.DataFrame, t
                 for lo, hi in zip(paired["ci_low"], paired["ci_high"], strict=True)],
         )[["baseline", "metric", "pairs", "censored_pairs", "mean_difference", "ci", "p_value", "seeds"]]
         lines += [_markdown(shown_pairs.astype(str), text_columns=2), ""]
-    for other, ratio in ratios.items():
+    for other, (ratio, over) in ratios.items():
         change = f"{(1 - ratio) * 100:.1f}% fewer" if ratio <= 1 else f"{(ratio - 1) * 100:.1f}% more"
-        lines.append(f"steps-to-target {reference} / {other} = {ratio:.3f} ({change} steps for {reference})")
+        lines.append(f"steps-to-target {reference} / {other} = {ratio:.3f} ({change} steps for {reference}; "
+                     f"{over})")
     missing = sorted(per_run.loc[per_run["entropy_start"].isna(), "run"])
     if missing:
         lines.append(f"no {ENTROPY} in {len(missing)} run(s) (logged by tepo-verl's hook in verl's v1 trainer): "
@@ -396,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
         options = {"n_resamples": args.resamples, "seed": args.bootstrap_seed}
         summary = summarize(per_run, **options)
         paired = paired_differences(per_run, reference, **options)
-        ratios = step_ratios(summary, reference)
+        ratios = step_ratios(per_run, reference)
         text = render(summary, per_run, paired, target, ratios, reference)
         args.out.mkdir(parents=True, exist_ok=True)
         summary.to_csv(args.out / "compare.csv", index=False)
