@@ -303,8 +303,8 @@ def run_one(run: Run, results: Path, scratch: Path, regime: dict, recipe: Path, 
         "python": sys.version.split()[0],
     }
     (out / "run.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-    shown = out.relative_to(results.parent) if results.parent in out.parents else out
-    log(f"[study] {run.name}: done in {wall:.0f} s -> {shown}")
+    where = out.relative_to(results.parent) if results.parent in out.parents else out
+    log(f"[study] {run.name}: done in {wall:.0f} s -> {where}")
     return True
 
 
