@@ -3,7 +3,8 @@
 Three runs of `python -m verl.trainer.main_ppo` (Ray, FSDP2 actor, vLLM rollout) on the tiny addition task, each
 read back from the file logger's JSONL and the console:
 
-- `tepo_run`: the `tepo` preset as shipped, two PPO mini-batches per step (the second update is off-policy);
+- `tepo_run`: the `tepo` preset as shipped, one prompt per PPO mini-batch (OFF_POLICY_MINI): four updates per
+  step, the last three off-policy;
 - `nomask_run`: the same seed and settings with the KL mask off (`mask_rule=off`): the off-policy update runs
   without the penalty (that the penalty changes the update is shown bit for bit in
   tests/test_penalty_changes_update.py: verl 0.9.1's trainer orders each step's rollout requests by random group
@@ -32,6 +33,13 @@ pytestmark = pytest.mark.e2e
 
 STEPS = 3
 BATCH, N = 4, 4  # the recipe's defaults: prompts per step, rollouts per prompt
+#: Prompts per PPO mini-batch in the off-policy runs: BATCH // OFF_POLICY_MINI = 4 updates per step, 3 of them
+#: off-policy. Whether an off-policy response clips depends on the sampled data: its advantage must be non-zero
+#: and its ratio must have moved past the clip range the way that advantage pushes it (up for a positive one,
+#: down for a negative one). With the recipe's default of two mini-batches (one off-policy update per step) a
+#: 3-step run clipped nothing in 1 of the 3 runs checked; with three off-policy updates per step, 14 of 15 steps
+#: over 5 runs clipped, and 14 of 15 had a positive masked KL.
+OFF_POLICY_MINI = 1
 MASK = "actor_rollout_ref.actor.policy_loss.tepo.mask_rule"
 
 #: The TEPO loss's metrics for the shipped `tepo` preset (mask rule surprisal_old, on the old policy's stored
@@ -54,21 +62,22 @@ def runs_root(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tepo_run(runs_root):
-    return run_recipe(runs_root / "tepo-seed1", "tepo", STEPS, COMPARE="1")
+    return run_recipe(runs_root / "tepo-seed1", "tepo", STEPS, COMPARE="1", MINI=str(OFF_POLICY_MINI))
 
 
 @pytest.fixture(scope="module")
 def nomask_run(runs_root):
-    return run_recipe(runs_root / "nomask" / "tepo-seed1", "tepo", STEPS, f"{MASK}=off")
+    return run_recipe(runs_root / "nomask" / "tepo-seed1", "tepo", STEPS, f"{MASK}=off",
+                      MINI=str(OFF_POLICY_MINI))
 
 
 @pytest.fixture(scope="module")
 def onpolicy_run(runs_root):
-    return run_recipe(runs_root / "onpolicy" / "tepo-seed1", "tepo", STEPS, "actor_rollout_ref.actor.calculate_entropy=True",
-                      f"{MASK}=old", MINI=str(BATCH))
+    return run_recipe(runs_root / "onpolicy" / "tepo-seed1", "tepo", STEPS,
+                      "actor_rollout_ref.actor.calculate_entropy=True", f"{MASK}=old", MINI=str(BATCH))
 
 
-# ---- the shipped preset, off-policy second mini-batch ------------------------------------------------------------
+# ---- the shipped preset, off-policy mini-batches ------------------------------------------------------------------
 
 def test_every_step_logged(tepo_run):
     steps = [record["step"] for record in tepo_run["logged"]]
@@ -116,12 +125,13 @@ def test_configured_mask_rule_ran_on_the_stored_tensors(tepo_run):
         assert metric(data, "tepo/entropy_delta") is None
 
 
-def test_off_policy_update_moves_the_ratio_and_fires_the_mask(tepo_run):
-    """The second mini-batch of each step is off-policy: the ratio leaves 1, responses clip, the mask fires and
-    the masked KL is positive."""
+def test_off_policy_update_moves_the_ratio_and_fires_the_mask(tepo_run, nomask_run):
+    """Every mini-batch after a step's first is off-policy: the ratio leaves 1, responses clip (in the runs with
+    and without the mask: clipping does not depend on it), the mask fires and the masked KL is positive."""
     records = [r["data"] for r in tepo_run["records"]]
     assert any(metric(d, "tepo/seq_ratio_min") < 1.0 < metric(d, "tepo/seq_ratio_max") for d in records)
-    assert any(metric(d, "tepo/seq_clipfrac") > 0 for d in records)
+    both = records + [r["data"] for r in nomask_run["records"]]
+    assert any(metric(d, "tepo/seq_clipfrac") > 0 for d in both)
     assert any(metric(d, "tepo/mask_frac") > 0 and metric(d, "tepo/masked_kl_mean") > 0 for d in records)
 
 
@@ -185,7 +195,7 @@ def test_mask_off_runs_the_off_policy_update_without_the_penalty(tepo_run, nomas
         assert metric(data, "tepo/mask_fallback_used") == 0.0
         assert metric(data, "tepo/mask_frac") == 0.0 and metric(data, "tepo/masked_kl_mean") == 0.0
         assert math.isfinite(metric(data, "pg_loss")) and metric(data, "grad_norm") > 0
-    # the second mini-batch is still off-policy (the ratio leaves 1), so only the penalty is missing
+    # the later mini-batches are still off-policy (the ratio leaves 1), so only the penalty is missing
     assert any(metric(d, "tepo/seq_ratio_min") < 1.0 < metric(d, "tepo/seq_ratio_max") for d in mask_off)
     # while with the mask the same off-policy updates carried a positive masked KL
     assert any(metric(d, "tepo/masked_kl_mean") > 0 for d in mask_on)
