@@ -199,7 +199,10 @@ def test_plan_has_the_main_arms_with_five_seeds_and_the_ablations():
     assert main == ["tepo", "tepo_nomask", "gspo", "grpo", "dapo"]
     assert study.SEEDS["main"] == (1, 2, 3, 4, 5) and len(study.SEEDS["ablation"]) >= 2
     runs = study.plan(study.select_arms("all"), None)
-    assert len(runs) == 5 * 5 + len(study.ARMS[5:]) * len(study.SEEDS["ablation"])
+    ablations = [a for a in study.ARMS if a.group == "ablation"]
+    precision = [a.name for a in study.ARMS if a.group == "precision"]
+    assert precision == ["tepo-fp32", "gspo-fp32"] and study.SEEDS["precision"] == (1, 2, 3, 4, 5)
+    assert len(runs) == 5 * 5 + len(ablations) * len(study.SEEDS["ablation"]) + 2 * 5
     assert len({r.name for r in runs}) == len(runs)
     clip = lambda preset: {a.name.split("-", 1)[1] for a in study.ARMS if a.preset == preset and "clip" in a.name}  # noqa: E731
     assert clip("tepo") == clip("gspo") != set()  # GSPO gets the same clip sweep
@@ -224,7 +227,10 @@ def test_every_arm_composes_with_verl_and_sets_its_overrides():
         actor_config(overrides)  # verl validates the actor config (clip ranges, loss mode, the tepo block)
         for override in (*study.COMMON_OVERRIDES, *arm.overrides):
             key, value = override.split("=", 1)
-            assert str(OmegaConf.select(config, key)).lower() == value.lower(), (arm.name, key)
+            node = OmegaConf.select(config, key.lstrip("+"))
+            shown = OmegaConf.to_container(node) if OmegaConf.is_config(node) else node
+            # a mapping override ({k:v,...}) against the composed node, compared without quotes and spaces
+            assert str(shown).lower().translate(str.maketrans("", "", "' ")) == value.lower(), (arm.name, key)
 
 
 def test_list_prints_the_plan_and_runs_nothing(tmp_path):
