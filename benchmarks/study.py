@@ -42,6 +42,7 @@ import time
 from pathlib import Path
 
 from tepo_verl.report.runs import default_label
+from tepo_verl.verl_adapter.precision import FLOAT32_OVERRIDES
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes" / "cpu.sh"
@@ -68,11 +69,6 @@ TEPO = f"{ACTOR}.policy_loss.tepo"
 
 def _clip(low: str, high: str) -> tuple[str, ...]:
     return (f"{ACTOR}.clip_ratio={low}", f"{ACTOR}.clip_ratio_low={low}", f"{ACTOR}.clip_ratio_high={high}")
-
-
-#: verl's FSDP mixed precision in float32 for the actor and the reference model (verl's default computes in bf16).
-FLOAT32_ACTOR = tuple(f"+actor_rollout_ref.{role}.fsdp_config.mixed_precision="
-                      "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}" for role in ("actor", "ref"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,8 +109,8 @@ ARMS = [
     # the precision: on CPU verl's FSDP actor computes in bf16 and its log-probs arrive in bf16, where a ratio near
     # 1 resolves only about 4e-3; verl's built-in losses compute their ratio in that dtype, TEPO upcasts. These
     # arms compute the actor (and so the log-probs) in float32, as verl's flash-attn cross-entropy gives on a GPU
-    Arm("tepo-fp32", "tepo", FLOAT32_ACTOR, "precision", "float32 actor and log-probs"),
-    Arm("gspo-fp32", "gspo", FLOAT32_ACTOR, "precision", "float32 actor and log-probs"),
+    Arm("tepo-fp32", "tepo", FLOAT32_OVERRIDES, "precision", "float32 actor and log-probs"),
+    Arm("gspo-fp32", "gspo", FLOAT32_OVERRIDES, "precision", "float32 actor and log-probs"),
 ]
 #: Seeds per group: at least 5 for each main arm; the ablations 2 (a screen for large effects); the precision
 #: pair 5, to be read against the main arms. More seeds resume: --seeds 1-3 adds seed 3.

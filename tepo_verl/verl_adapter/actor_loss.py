@@ -7,6 +7,9 @@ old-log-prob pass) and, for `kl_target=ref`, the reference log-probs (`data["ref
 `tepo_aware_ppo_loss` pads those exactly as `ppo_loss` pads its own fields, hands them to the registered `tepo`
 loss through a context variable, and calls the stock `ppo_loss` unchanged (so its entropy bonus, KL loss and
 metric handling stay verl's). For every other loss mode it calls the stock `ppo_loss` directly: a no-op.
+
+For every loss mode it also says once per process, on stderr, when the log-probs' dtype cannot resolve the clip
+range (tepo_verl/verl_adapter/precision.py): a bf16 ratio cannot express GSPO-scale clipping.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from typing import Any
 
 import torch
 
-from tepo_verl.verl_adapter.config import TEPO_LOSS_MODE, loss_mode
+from tepo_verl.verl_adapter.config import TEPO_LOSS_MODE, clip_ratios, loss_mode
+from tepo_verl.verl_adapter.precision import precision_warning
 
 
 @dataclasses.dataclass
@@ -69,8 +73,24 @@ def extract_extras(model_output, data) -> TepoExtras:
     return TepoExtras(entropy=entropy, old_entropy=stored.get("entropy"), ref_log_prob=stored.get("ref_log_prob"))
 
 
+_PRECISION_CHECKED = False
+
+
+def warn_once_on_coarse_log_probs(config, model_output) -> None:
+    """Print precision_warning's line once per process when the first micro-batch's log-probs call for it."""
+    global _PRECISION_CHECKED
+    log_probs = model_output.get("log_probs", None)
+    if _PRECISION_CHECKED or log_probs is None:
+        return
+    _PRECISION_CHECKED = True
+    message = precision_warning(log_probs.dtype, *clip_ratios(config), loss_mode(config))
+    if message:
+        print(message, file=sys.stderr, flush=True)
+
+
 def tepo_aware_ppo_loss(config, model_output, data, dp_group=None):
     """Drop-in for verl's ppo_loss: identical for every loss mode except `tepo` (see the module docstring)."""
+    warn_once_on_coarse_log_probs(config, model_output)
     if loss_mode(config) != TEPO_LOSS_MODE:
         return _stock_ppo_loss(config, model_output, data, dp_group)
     extras = extract_extras(model_output, data)

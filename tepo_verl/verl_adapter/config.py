@@ -56,3 +56,11 @@ def tepo_options(actor_config: Any) -> TepoOptions:
 def loss_mode(actor_config: Any) -> str:
     policy_loss = actor_config.get("policy_loss", None)
     return "vanilla" if policy_loss is None else policy_loss.get("loss_mode", "vanilla")
+
+
+def clip_ratios(actor_config: Any) -> tuple[float, float]:
+    """(clip_ratio_low, clip_ratio_high) of an actor config, each falling back to clip_ratio as verl's losses do."""
+    clip_ratio = actor_config.get("clip_ratio", 0.2)
+    low = actor_config.get("clip_ratio_low", None)
+    high = actor_config.get("clip_ratio_high", None)
+    return (clip_ratio if low is None else low), (clip_ratio if high is None else high)

@@ -14,7 +14,7 @@ from tepo_verl.core.advantage import group_relative_advantage
 from tepo_verl.core.loss import MissingInputError, tepo_policy_loss
 from tepo_verl.core.mask import MASK_INPUTS
 from tepo_verl.verl_adapter.actor_loss import current_extras
-from tepo_verl.verl_adapter.config import TEPO_ADV_ESTIMATOR, TEPO_LOSS_MODE, tepo_options
+from tepo_verl.verl_adapter.config import TEPO_ADV_ESTIMATOR, TEPO_LOSS_MODE, clip_ratios, tepo_options
 
 #: What provides the reference log-probs (kl_target=ref); the mask rules' tensors are in core.mask.MASK_INPUTS.
 REF_LOG_PROB_PROVIDER = ("the reference log-probs: a reference model, i.e. actor_rollout_ref.actor.use_kl_loss=True "
@@ -66,13 +66,6 @@ def compute_tepo_outcome_advantage(
     return advantages, advantages
 
 
-def _clip_ratios(config: Any) -> tuple[float, float]:
-    clip_ratio = config.get("clip_ratio", 0.2)
-    low = config.get("clip_ratio_low", None)
-    high = config.get("clip_ratio_high", None)
-    return (clip_ratio if low is None else low), (clip_ratio if high is None else high)
-
-
 @register_policy_loss(TEPO_LOSS_MODE)
 def compute_policy_loss_tepo(
     old_log_prob: torch.Tensor,  # (B, T)
@@ -89,7 +82,7 @@ def compute_policy_loss_tepo(
     options = tepo_options(config)
     extras = current_extras()
     global_batch_info = dict(config.get("global_batch_info", None) or {})
-    low, high = _clip_ratios(config)
+    low, high = clip_ratios(config)
     try:
         out = tepo_policy_loss(
             log_prob,
