@@ -271,6 +271,8 @@ def step_ratios(per_run: pd.DataFrame, reference: str | None) -> dict[str, tuple
     ref = groups[reference]
     ratios = {}
     for other, runs in sorted(groups.items()):
+        if other == reference:
+            continue
         shared = sorted(set(ref["seed"].dropna()) & set(runs["seed"].dropna()))
         if shared:
             mine, theirs = ref[ref["seed"].isin(shared)], runs[runs["seed"].isin(shared)]
@@ -278,7 +280,7 @@ def step_ratios(per_run: pd.DataFrame, reference: str | None) -> dict[str, tuple
         else:
             mine, theirs, over = ref, runs, "all runs, no shared seeds"
         value = mean_of(theirs["steps_to_target"])
-        if other != reference and value and not math.isnan(value):
+        if value and not math.isnan(value):
             ratios[other] = (mean_of(mine["steps_to_target"]) / value, over)
     return ratios
 
