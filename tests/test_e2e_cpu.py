@@ -135,6 +135,17 @@ def test_off_policy_update_moves_the_ratio_and_fires_the_mask(tepo_run, nomask_r
     assert any(metric(d, "tepo/mask_frac") > 0 and metric(d, "tepo/masked_kl_mean") > 0 for d in records)
 
 
+PRECISION_WARNING = "[tepo-verl] WARNING: the actor's log-probs arrive in"
+
+
+def test_the_cpu_actor_hands_the_loss_bf16_log_probs_and_the_adapter_says_so(tepo_run):
+    """verl's default precision on CPU: the actor computes in bf16 and returns bf16 log-probs, too coarse for the
+    preset's 3e-4/4e-4 clip range; the ppo_loss adapter says so once, from the actor's worker process."""
+    lines = [line for line in tepo_run["console"].splitlines() if PRECISION_WARNING in line]
+    assert len(lines) == 1, lines
+    assert "in torch.bfloat16," in lines[0] and "0.0003/0.0004 of loss_mode=tepo" in lines[0]
+
+
 def test_run_metrics_for_the_comparison_and_the_update_memory(tepo_run):
     """What `tepo-verl compare` and benchmarks/step_cost.py read, from the real trainer: the common (token-mean)
     entropy equals verl's own `actor/entropy` under the preset's token-mean aggregation, every step generates
