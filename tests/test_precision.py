@@ -8,6 +8,8 @@ once per process, for any loss mode.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from batches import random_batch
@@ -71,7 +73,7 @@ def _loss(config, batch, dtype):
     """verl's ppo_loss (through the adapter) on one micro-batch whose log-probs arrive in `dtype`."""
     log_prob = batch.log_prob.detach().to(dtype).requires_grad_(True)
     old = batch.old_log_prob.to(dtype)
-    cast = type(batch)(**{**batch.__dict__, "old_log_prob": old})
+    cast = dataclasses.replace(batch, old_log_prob=old)
     (mb,) = micro_batches(mini_batch(cast, [2] * batch.response_mask.shape[0]))
     loss, metrics = losses.ppo_loss(config, model_output(log_prob, None, mb), mb)
     loss.backward()

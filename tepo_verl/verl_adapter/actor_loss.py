@@ -79,8 +79,10 @@ _PRECISION_CHECKED = False
 def warn_once_on_coarse_log_probs(config, model_output) -> None:
     """Print precision_warning's line once per process when the first micro-batch's log-probs call for it."""
     global _PRECISION_CHECKED
+    if _PRECISION_CHECKED:
+        return  # every later micro-batch of the process: one flag test
     log_probs = model_output.get("log_probs", None)
-    if _PRECISION_CHECKED or log_probs is None:
+    if log_probs is None:
         return
     _PRECISION_CHECKED = True
     message = precision_warning(log_probs.dtype, *clip_ratios(config), loss_mode(config))
