@@ -8,6 +8,8 @@ there, never a reason to test less. `run_recipe()` runs recipes/cpu.sh and retur
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import importlib.util
 import json
 import os
@@ -55,6 +57,22 @@ def metric(data: dict, name: str):
     return None
 
 
+@contextlib.contextmanager
+def training_lock():
+    """Hold an exclusive flock on $TEPO_TRAIN_LOCK (when set) while a training runs, so that the tests never train
+    beside another training on a shared machine (benchmarks/study.py --lock takes the same flock)."""
+    path = os.environ.get("TEPO_TRAIN_LOCK")
+    if not path:
+        yield
+        return
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def run_recipe(run_dir: Path, algo: str, steps: int, *overrides: str, **env: str) -> dict:
     """`ALGO=algo STEPS=steps bash recipes/cpu.sh overrides...` into run_dir; returns its console and records.
 
@@ -64,10 +82,11 @@ def run_recipe(run_dir: Path, algo: str, steps: int, *overrides: str, **env: str
     full_env = {**os.environ, "ALGO": algo, "STEPS": str(steps), "RUN_DIR": str(run_dir), "PYTHON": sys.executable,
                 "COMPARE": "0", **env}
     full_env.pop("VERL_FILE_LOGGER_PATH", None)
-    proc = subprocess.run(
-        ["bash", str(REPO / "recipes" / "cpu.sh"), *overrides], env=full_env, cwd=REPO, capture_output=True,
-        text=True, timeout=int(os.environ.get("TEPO_E2E_TIMEOUT", "900")),
-    )
+    with training_lock():
+        proc = subprocess.run(
+            ["bash", str(REPO / "recipes" / "cpu.sh"), *overrides], env=full_env, cwd=REPO, capture_output=True,
+            text=True, timeout=int(os.environ.get("TEPO_E2E_TIMEOUT", "900")),
+        )
     console = proc.stdout + proc.stderr
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "pytest-console.log").write_text(console)
