@@ -15,10 +15,14 @@
 #   MINI      prompts per PPO mini-batch (default BATCH/2: two updates per step, the second one off-policy,
 #             so the ratio, clipping and KL mask see current != old as on a GPU cluster)
 #   TASK      addition (default: 'What is 37+45?', 3-token responses) | scratchpad (4 operands, partial sums
-#             before the answer, 26-29-token responses; tepo_verl/tiny/scratchpad.py)
+#             before the answer, 26-29-token responses; tepo_verl/tiny/scratchpad.py) | chain (the scratchpad
+#             with 3 to 6 operands: 17-53-token responses, validated on 256 problems)
 #   TINY_DIR  a tiny build to use (default: built or reused from ~/.cache/tepo-verl/tiny with the policy shipped in
 #             the package, the same start on every machine)
 #   N         rollouts per prompt (default 4), BATCH prompts per step (default 4)
+#   PRECISION float32 (default: the FSDP actor and reference compute in float32, so the loss gets float32
+#             log-probs, as verl's GPU paths give it) | bf16 (verl's CPU default: bf16 log-probs, whose ratio near 1
+#             moves in steps of 3.9e-3, coarser than GSPO/TEPO's 3e-4 clip; tepo_verl/verl_adapter/precision.py)
 #   PYTHON    interpreter (default: python)
 #   DRY_RUN=1 print the composed config (`--cfg job`) and start nothing: no training, no tiny build, no version
 #             check, so it works on any machine with verl installed
@@ -58,7 +62,16 @@ TASK="${TASK:-addition}"
 case "$TASK" in
   addition) MAX_RESPONSE=8 ;;
   scratchpad) MAX_RESPONSE=48 ;;
-  *) echo "recipes/cpu.sh: unknown TASK='$TASK'. Valid: addition, scratchpad" >&2; exit 2 ;;
+  chain) MAX_RESPONSE=64 ;;
+  *) echo "recipes/cpu.sh: unknown TASK='$TASK'. Valid: addition, scratchpad, chain" >&2; exit 2 ;;
+esac
+
+PRECISION="${PRECISION:-float32}"
+case "$PRECISION" in
+  float32) mapfile -t PRECISION_OVERRIDES < <("$PY" -c \
+             'from tepo_verl.verl_adapter.precision import FLOAT32_OVERRIDES; print("\n".join(FLOAT32_OVERRIDES))') ;;
+  bf16) PRECISION_OVERRIDES=() ;;
+  *) echo "recipes/cpu.sh: unknown PRECISION='$PRECISION'. Valid: float32, bf16" >&2; exit 2 ;;
 esac
 
 if [[ -n "${RUN_DIR:-}" ]]; then
@@ -157,6 +170,7 @@ run_verl() {
   ray_kwargs.ray_init.num_cpus=16 \
   +ray_kwargs.ray_init.num_gpus=1 \
   transfer_queue.backend.SimpleStorage.num_data_storage_units=1 \
+  ${PRECISION_OVERRIDES[@]+"${PRECISION_OVERRIDES[@]}"} \
   "$@"
 }
 
@@ -165,7 +179,7 @@ if [[ "$DRY_RUN" == 1 ]]; then
   exit $?
 fi
 
-echo "[cpu.sh] ALGO=$ALGO TASK=$TASK STEPS=$STEPS RUN_DIR=$RUN_DIR TINY_DIR=$TINY_DIR"
+echo "[cpu.sh] ALGO=$ALGO TASK=$TASK PRECISION=$PRECISION STEPS=$STEPS RUN_DIR=$RUN_DIR TINY_DIR=$TINY_DIR"
 echo "[cpu.sh] file logger: $VERL_FILE_LOGGER_PATH"
 cd "$RUN_DIR"
 set -o pipefail

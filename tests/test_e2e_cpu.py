@@ -5,8 +5,8 @@ read back from the file logger's JSONL and the console:
 
 - `tepo_run`: the `tepo` preset as shipped, one prompt per PPO mini-batch (OFF_POLICY_MINI): four updates per
   step, the last three off-policy;
-- `nomask_run`: the same seed and settings with the KL mask off (`mask_rule=off`): the off-policy update runs
-  without the penalty (that the penalty changes the update is shown bit for bit in
+- `nomask_run`: the same seed and settings with the KL mask off (`mask_rule=off`), and verl's CPU default bf16
+  actor forced (`PRECISION=bf16`; the recipe's default is float32): the off-policy update runs without the penalty (that the penalty changes the update is shown bit for bit in
   tests/test_penalty_changes_update.py: verl 0.9.1's trainer orders each step's rollout requests by random group
   ids, so two trainer runs with the same seed do not sample the same responses);
 - `onpolicy_run`: one mini-batch per step (current == old policy), the current entropy computed and the literal
@@ -68,7 +68,7 @@ def tepo_run(runs_root):
 @pytest.fixture(scope="module")
 def nomask_run(runs_root):
     return run_recipe(runs_root / "nomask" / "tepo-seed1", "tepo", STEPS, f"{MASK}=off",
-                      MINI=str(OFF_POLICY_MINI))
+                      MINI=str(OFF_POLICY_MINI), PRECISION="bf16")
 
 
 @pytest.fixture(scope="module")
@@ -138,10 +138,13 @@ def test_off_policy_update_moves_the_ratio_and_fires_the_mask(tepo_run, nomask_r
 PRECISION_WARNING = "[tepo-verl] WARNING: the actor's log-probs arrive in"
 
 
-def test_the_cpu_actor_hands_the_loss_bf16_log_probs_and_the_adapter_says_so(tepo_run):
-    """verl's default precision on CPU: the actor computes in bf16 and returns bf16 log-probs, too coarse for the
-    preset's 3e-4/4e-4 clip range; the ppo_loss adapter says so once, from the actor's worker process."""
-    lines = [line for line in tepo_run["console"].splitlines() if PRECISION_WARNING in line]
+def test_the_recipe_hands_the_loss_float32_log_probs_and_bf16_only_when_forced(tepo_run, nomask_run):
+    """The recipe's default (PRECISION=float32) makes verl's FSDP actor compute in float32, so the loss gets float32
+    log-probs and the adapter's dtype check stays silent. With verl's CPU default forced (PRECISION=bf16) the same
+    check, from the actor's worker process, says once that bf16 log-probs cannot resolve the 3e-4/4e-4 clip range."""
+    assert "PRECISION=float32" in tepo_run["console"] and "PRECISION=bf16" in nomask_run["console"]
+    assert not [line for line in tepo_run["console"].splitlines() if PRECISION_WARNING in line]
+    lines = [line for line in nomask_run["console"].splitlines() if PRECISION_WARNING in line]
     assert len(lines) == 1, lines
     assert "in torch.bfloat16," in lines[0] and "0.0003/0.0004 of loss_mode=tepo" in lines[0]
 
