@@ -1,14 +1,20 @@
-"""The CPU study: arms x seeds through recipes/cpu.sh in the paper's regime on the scratchpad task, resumable.
+"""The CPU studies: arms x seeds through recipes/cpu.sh in the paper's regime, resumable, one folder per study.
 
-    python benchmarks/study.py                          # every arm and seed of the plan (hours: resumable)
+    python benchmarks/study.py                          # every arm and seed of the current study (hours: resumable)
     python benchmarks/study.py --arms main --seeds 1-5  # the five main arms only
     python benchmarks/study.py --list                   # the plan: arms, overrides, seeds, regime; runs nothing
     python benchmarks/study.py --lock FILE ...          # hold an flock on FILE during each run (a shared machine)
+    python benchmarks/study.py --page                   # regenerate every study's tables in docs/results.md
 
-The regime (REGIME): the scratchpad task (tepo_verl/tiny/scratchpad.py) and its shipped starting policy, groups
-of 8 responses, 8 PPO updates per step (mini-batches of 1/8 of the batch, one epoch), validation every
-TEST_FREQ steps. Every arm of one seed gets the same learning rate, data order and seeds (recipes/cpu.sh's SEED),
-so runs pair by seed. An arm is a preset (tepo_verl/config/algorithm/) plus verl overrides (the ablations).
+STUDIES holds each study: its regime (recipes/cpu.sh's environment for every run), its arms (a preset of
+tepo_verl/config/algorithm/ plus verl overrides), seeds per arm group, the fixed target accuracy of "steps to
+target", and the comparisons of its results page section. Every arm of one seed gets the same learning rate,
+data order and seeds (recipes/cpu.sh's SEED), so runs pair by seed.
+
+- `cpu-chain` (the current study, float32): the chain task (3 to 6 operands, 17-53-token responses, 256 greedy
+  validation problems), pre-registered in docs/results.md before its first TEPO run. Its control arms take the KL
+  coefficient that the dose arms select by the plan's rule (`control_coef`), so they run once those are finished.
+- `cpu-scratchpad` (superseded, bf16 log-probs): the first study, kept for its committed runs; no new runs.
 
 Each finished run leaves, under benchmarks/results/<study>/<arm>-seed<k>/:
     metrics.jsonl   verl's raw file-logger JSONL (one {"step", "data"} line per step and validation)
@@ -16,13 +22,9 @@ Each finished run leaves, under benchmarks/results/<study>/<arm>-seed<k>/:
                     the arm, seed, preset, overrides, regime, wall time
 A run is finished when both exist and the JSONL reaches the last step; the runner skips finished runs, so the
 study can span sessions (commit the results folder as it fills). verl's console log, validation generations and
-the unfinished runs stay in runs/study/<study>/. The last thing the runner does is write the results page:
-
-    python benchmarks/study.py --page    # only that, from the committed runs: runs nothing
-
-`tepo-verl compare` on the main arms (into benchmarks/results/<study>/compare/main) and on the TEPO ablations with
-the tepo, tepo_nomask and gspo arms beside them (compare/ablations), at the study's fixed target accuracy
-(STUDY_TARGET), and the two comparisons' tables and plots spliced into docs/results.md between its study markers.
+the unfinished runs stay in runs/study/<study>/. The last thing the runner does is write the results page: for
+each study, `tepo-verl compare` on each comparison's runs at the study's target (into
+benchmarks/results/<study>/compare/<comparison>/), spliced into docs/results.md between that study's markers.
 A test checks that the committed page equals what the committed runs give.
 """
 
@@ -47,21 +49,6 @@ from tepo_verl.verl_adapter.precision import FLOAT32_OVERRIDES
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes" / "cpu.sh"
 PRESETS = REPO / "tepo_verl" / "config" / "algorithm"
-DEFAULT_STUDY = "cpu-scratchpad"
-
-#: The paper's regime, scaled to the tiny task: recipes/cpu.sh's environment for every run of the study.
-REGIME = {
-    "TASK": "scratchpad",  # responses of 26-29 tokens, reward on the final answer only
-    "N": "8",              # group size 8
-    "BATCH": "8",          # prompts per step (64 responses)
-    "MINI": "1",           # BATCH / 8: 8 PPO updates per step, one epoch
-    "STEPS": "80",
-    "TEST_FREQ": "5",      # greedy validation on the 128 validation problems (and before training)
-}
-#: verl overrides for every run of the study (after the recipe's own): generate a whole batch at once, and let
-#: the data loader start another (seeded) epoch rather than end a run early, as DAPO's dynamic sampling, which
-#: draws a new batch for every regeneration, could exhaust the 2048 training prompts (STEPS still ends the run).
-COMMON_OVERRIDES = ("actor_rollout_ref.rollout.max_num_seqs=128", "trainer.total_epochs=20")
 
 ACTOR = "actor_rollout_ref.actor"
 TEPO = f"{ACTOR}.policy_loss.tepo"
@@ -80,48 +67,6 @@ class Arm:
     why: str = ""
 
 
-#: Every arm. The tepo arm is also the surprisal_old / kl_coef 1.0 / clip 3e-4,4e-4 point of each ablation.
-ARMS = [
-    Arm("tepo", "tepo", why="the default preset (mask surprisal_old, kl_coef 1, clip 3e-4/4e-4)"),
-    Arm("tepo_nomask", "tepo_nomask", why="the mask ablation"),
-    Arm("gspo", "gspo", why="verl's GSPO loss (sequence ratio, sequence-mean aggregation)"),
-    Arm("grpo", "grpo", why="GRPO with its KL loss to the reference"),
-    Arm("dapo", "dapo", why="DAPO with dynamic sampling"),
-    # the mask rule (surprisal_old is the tepo arm); these two read the current entropy in the update pass
-    Arm("tepo-mask_surprisal", "tepo", (f"{TEPO}.mask_rule=surprisal", f"{ACTOR}.calculate_entropy=true"),
-        "ablation", "mask rule l + H > 0"),
-    Arm("tepo-mask_old", "tepo", (f"{TEPO}.mask_rule=old", f"{ACTOR}.calculate_entropy=true"),
-        "ablation", "mask rule H < H_old (the literal reading)"),
-    # the KL coefficient on masked tokens (1.0 is the tepo arm, 0 is tepo_nomask)
-    Arm("tepo-kl0.1", "tepo", (f"{TEPO}.kl_coef=0.1",), "ablation", "kl_coef 0.1"),
-    Arm("tepo-kl10", "tepo", (f"{TEPO}.kl_coef=10.0",), "ablation", "kl_coef 10"),
-    # the clip range of the sequence ratio: GSPO-scale 3e-4/4e-4 comes from 7B models at lr 1e-6; this model
-    # trains at lr 1e-4. The same sweep for GSPO keeps the comparison fair.
-    Arm("tepo-clip3e-3", "tepo", _clip("0.003", "0.004"), "ablation", "clip 3e-3/4e-3"),
-    Arm("tepo-clip3e-2", "tepo", _clip("0.03", "0.04"), "ablation", "clip 3e-2/4e-2"),
-    Arm("gspo-clip3e-3", "gspo", _clip("0.003", "0.004"), "ablation", "clip 3e-3/4e-3"),
-    Arm("gspo-clip3e-2", "gspo", _clip("0.03", "0.04"), "ablation", "clip 3e-2/4e-2"),
-    # the aggregation: tepo_nomask and gspo differ in loss_agg_mode alone (token-mean against seq-mean-token-mean),
-    # so this arm runs verl's GSPO loss through the TEPO code path; set beside gspo it tells whether the gap in
-    # clipped fraction between tepo_nomask and gspo comes from the aggregation or from the code path
-    Arm("tepo_nomask-seqmean", "tepo_nomask", (f"{ACTOR}.loss_agg_mode=seq-mean-token-mean",), "ablation",
-        "GSPO's seq-mean-token-mean aggregation (with the mask off, GSPO's loss)"),
-    # the precision: on CPU verl's FSDP actor computes in bf16 and its log-probs arrive in bf16, where a ratio near
-    # 1 resolves only about 4e-3; verl's built-in losses compute their ratio in that dtype, TEPO upcasts. These
-    # arms compute the actor (and so the log-probs) in float32, as verl's flash-attn cross-entropy gives on a GPU
-    Arm("tepo-fp32", "tepo", FLOAT32_OVERRIDES, "precision", "float32 actor and log-probs"),
-    Arm("gspo-fp32", "gspo", FLOAT32_OVERRIDES, "precision", "float32 actor and log-probs"),
-]
-#: Seeds per group: at least 5 for each main arm; the ablations 2 (a screen for large effects); the precision
-#: pair 5, to be read against the main arms. More seeds resume: --seeds 1-3 adds seed 3.
-SEEDS = {"main": (1, 2, 3, 4, 5), "ablation": (1, 2), "precision": (1, 2, 3, 4, 5)}
-#: The validation accuracy whose first crossing is "steps to target", fixed for every comparison of the study, so
-#: the main and the ablation tables use one target (compare's default target depends on the arms compared). The
-#: shipped policy starts at 0.516 greedy accuracy; 0.65 is about three standard errors of the 128-problem
-#: validation above it. Fixed after one run (tepo seed 1, best 0.727) and before any other arm had run.
-STUDY_TARGET = 0.65
-
-
 @dataclasses.dataclass(frozen=True)
 class Comparison:
     """One generated table of the results page: the finished runs of the arms of `group`, with `beside` next to
@@ -133,21 +78,118 @@ class Comparison:
     reference: str | None = None
 
 
-#: The results page's comparisons, in order, each by its folder under <results>/compare/. Beside the ablations:
-#: TEPO's default point of every sweep, the mask off (beside the aggregation arm) and GSPO's clip point. Beside
-#: the float32 pair: the same presets at verl's default bf16; the pair is read as a pair, so tepo-fp32 is the
-#: reference.
-COMPARISONS = {
-    "main": Comparison("main", "Main arms"),
-    "ablations": Comparison("ablation", "TEPO ablations (with the tepo, tepo_nomask and gspo arms beside them)",
-                            beside=("tepo", "tepo_nomask", "gspo")),
-    "precision": Comparison("precision",
-                            "Float32 log-probs (tepo-fp32 against gspo-fp32, with the bf16 tepo and gspo arms)",
-                            beside=("tepo", "gspo"), reference="tepo-fp32"),
-}
-#: docs/results.md's generated part lies between these lines.
-PAGE_BEGIN = "<!-- study tables: generated by `python benchmarks/study.py --page` from the committed runs -->"
-PAGE_END = "<!-- end of the generated study tables -->"
+@dataclasses.dataclass(frozen=True)
+class Study:
+    name: str
+    regime: dict[str, str]  # recipes/cpu.sh's environment for every run
+    common_overrides: tuple[str, ...]  # verl overrides for every run, after the recipe's own
+    arms: tuple[Arm, ...]
+    seeds: dict[str, tuple[int, ...]]  # per arm group
+    target: float  # the validation accuracy whose first crossing is "steps to target"
+    comparisons: dict[str, Comparison]  # the page's tables, each by its folder under <results>/compare/
+    superseded: str = ""  # why the study takes no new runs ("" while it is current)
+
+    @property
+    def page_begin(self) -> str:
+        return f"<!-- {self.name} tables: generated by `python benchmarks/study.py --page` from the committed runs -->"
+
+    @property
+    def page_end(self) -> str:
+        return f"<!-- end of the generated {self.name} tables -->"
+
+
+# ---------------------------------------------------------------------------------- cpu-chain (current, float32)
+
+#: The plan's rule for the control arms' KL coefficient (docs/results.md, "Pre-registered analysis plan"): the dose
+#: level whose arm has the highest seed-mean validation AUC over these seeds; a tie goes to the smaller coefficient.
+DOSE_LEVELS = {1.0: "tepo", 10.0: "tepo-kl10", 100.0: "tepo-kl100"}
+DOSE_SEEDS = (1, 2, 3, 4, 5)
+
+CHAIN_ARMS = (
+    Arm("tepo", "tepo", why="the default preset (mask surprisal_old, kl_coef 1, clip 3e-4/4e-4)"),
+    Arm("tepo_nomask", "tepo_nomask", why="the mask off (kl_coef 0 in effect)"),
+    Arm("gspo", "gspo", why="verl's GSPO loss (sequence ratio, sequence-mean aggregation)"),
+    Arm("grpo", "grpo", why="GRPO with its KL loss to the reference"),
+    Arm("dapo", "dapo", why="DAPO with dynamic sampling"),
+    # the mask's dose: the same mask with a stronger penalty (1 is the tepo arm, 0 the tepo_nomask arm)
+    Arm("tepo-kl10", "tepo", (f"{TEPO}.kl_coef=10.0",), "dose", "kl_coef 10"),
+    Arm("tepo-kl100", "tepo", (f"{TEPO}.kl_coef=100.0",), "dose", "kl_coef 100"),
+)
+#: The controls: does the targeting matter? Our own variants, not the paper's; each at the coefficient the dose arms
+#: select (control_coef), added to these overrides when the runs are planned.
+CONTROL_TEMPLATES = (
+    Arm("ctl-positive", "tepo", (f"{TEPO}.mask_rule=always",), "control",
+        "the same KL on every token of positive-advantage responses, no entropy test"),
+    Arm("ctl-every", "tepo", (f"{TEPO}.mask_rule=always", f"{TEPO}.mask_advantage=any"), "control",
+        "the same KL on every valid token (undifferentiated)"),
+    Arm("ctl-top20", "tepo", (f"{TEPO}.mask_top_frac=0.2",), "control",
+        "the masked tokens with the top 20% of p(l + H) A (the largest first-order entropy drop)"),
+)
+
+CHAIN = Study(
+    name="cpu-chain",
+    regime={
+        "TASK": "chain",       # 3-6 operands: responses of 17-53 tokens, reward on the final answer only
+        "PRECISION": "float32",  # float32 log-probs, as verl's GPU paths hand the loss
+        "N": "8",              # group size 8
+        "BATCH": "8",          # prompts per step (64 responses)
+        "MINI": "1",           # BATCH / 8: 8 PPO updates per step, one epoch
+        "STEPS": "80",
+        "TEST_FREQ": "4",      # greedy validation on the 256 validation problems: 21 points with the one before training
+    },
+    common_overrides=("actor_rollout_ref.rollout.max_num_seqs=128", "trainer.total_epochs=20"),
+    arms=CHAIN_ARMS,
+    seeds={"main": tuple(range(1, 11)), "dose": DOSE_SEEDS, "control": DOSE_SEEDS},
+    target=0.0,  # set with the plan (docs/results.md), before the first TEPO run
+    comparisons={
+        "main": Comparison("main", "Main arms (float32, 10 seeds)"),
+        "dose": Comparison("dose", "The mask's dose: kl_coef 10 and 100 (with tepo, kl_coef 1, and tepo_nomask, 0)",
+                           beside=("tepo", "tepo_nomask")),
+        "control": Comparison("control", "Does the targeting matter? The controls at the selected coefficient",
+                              beside=("tepo_nomask",)),
+    },
+)
+
+# ------------------------------------------------------------------------------ cpu-scratchpad (superseded, bf16)
+
+SCRATCHPAD = Study(
+    name="cpu-scratchpad",
+    regime={"TASK": "scratchpad", "N": "8", "BATCH": "8", "MINI": "1", "STEPS": "80", "TEST_FREQ": "5"},
+    common_overrides=("actor_rollout_ref.rollout.max_num_seqs=128", "trainer.total_epochs=20"),
+    arms=(
+        Arm("tepo", "tepo"), Arm("tepo_nomask", "tepo_nomask"), Arm("gspo", "gspo"), Arm("grpo", "grpo"),
+        Arm("dapo", "dapo"),
+        Arm("tepo-mask_surprisal", "tepo", (f"{TEPO}.mask_rule=surprisal", f"{ACTOR}.calculate_entropy=true"),
+            "ablation", "mask rule l + H > 0"),
+        Arm("tepo-mask_old", "tepo", (f"{TEPO}.mask_rule=old", f"{ACTOR}.calculate_entropy=true"),
+            "ablation", "mask rule H < H_old (the literal reading)"),
+        Arm("tepo-kl0.1", "tepo", (f"{TEPO}.kl_coef=0.1",), "ablation", "kl_coef 0.1"),
+        Arm("tepo-kl10", "tepo", (f"{TEPO}.kl_coef=10.0",), "ablation", "kl_coef 10"),
+        Arm("tepo-clip3e-3", "tepo", _clip("0.003", "0.004"), "ablation", "clip 3e-3/4e-3"),
+        Arm("tepo-clip3e-2", "tepo", _clip("0.03", "0.04"), "ablation", "clip 3e-2/4e-2"),
+        Arm("gspo-clip3e-3", "gspo", _clip("0.003", "0.004"), "ablation", "clip 3e-3/4e-3"),
+        Arm("gspo-clip3e-2", "gspo", _clip("0.03", "0.04"), "ablation", "clip 3e-2/4e-2"),
+        Arm("tepo_nomask-seqmean", "tepo_nomask", (f"{ACTOR}.loss_agg_mode=seq-mean-token-mean",), "ablation",
+            "GSPO's seq-mean-token-mean aggregation (with the mask off, GSPO's loss)"),
+        Arm("tepo-fp32", "tepo", FLOAT32_OVERRIDES, "precision", "float32 actor and log-probs"),
+        Arm("gspo-fp32", "gspo", FLOAT32_OVERRIDES, "precision", "float32 actor and log-probs"),
+    ),
+    seeds={"main": (1, 2, 3, 4, 5), "ablation": (1, 2), "precision": (1, 2, 3, 4, 5)},
+    target=0.65,  # fixed after one run (tepo seed 1, best 0.727) and before any other arm had run
+    comparisons={
+        "main": Comparison("main", "Main arms"),
+        "ablations": Comparison("ablation", "TEPO ablations (with the tepo, tepo_nomask and gspo arms beside them)",
+                                beside=("tepo", "tepo_nomask", "gspo")),
+        "precision": Comparison("precision",
+                                "Float32 log-probs (tepo-fp32 against gspo-fp32, with the bf16 tepo and gspo arms)",
+                                beside=("tepo", "gspo"), reference="tepo-fp32"),
+    },
+    superseded="its runs computed the actor in bf16 (verl's CPU default then); the float32 study cpu-chain "
+               "replaces it, and its committed runs stay for the page",
+)
+
+STUDIES = {study.name: study for study in (CHAIN, SCRATCHPAD)}
+DEFAULT_STUDY = CHAIN.name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,32 +225,69 @@ def parse_seeds(text: str) -> tuple[int, ...]:
     return tuple(dict.fromkeys(seeds))
 
 
-def select_arms(text: str) -> list[Arm]:
-    """`all`, `main`, `ablation`, or comma-separated arm names (groups may be mixed in)."""
-    by_name = {arm.name: arm for arm in ARMS}
+def control_coef(results: Path, steps: int) -> float | None:
+    """The KL coefficient of the control arms by the plan's rule (DOSE_LEVELS, DOSE_SEEDS), from the finished
+    dose runs in `results`; None while any of them is unfinished."""
+    from tepo_verl.report.compare import val_auc
+    from tepo_verl.report.runs import load_runs
+
+    means = {}
+    for coef, arm in DOSE_LEVELS.items():
+        folders = [results / f"{arm}-seed{seed}" for seed in DOSE_SEEDS]
+        if not all(finished(folder, steps) for folder in folders):
+            return None
+        aucs = [val_auc(run.val_accuracy()) for run in load_runs([str(f / "metrics.jsonl") for f in folders])]
+        means[coef] = sum(aucs) / len(aucs)
+    best = max(means.values())
+    return min(coef for coef, mean in means.items() if mean == best)
+
+
+def control_arms(coef: float) -> tuple[Arm, ...]:
+    """The control arms at KL coefficient `coef`."""
+    return tuple(dataclasses.replace(arm, overrides=(*arm.overrides, f"{TEPO}.kl_coef={coef}"))
+                 for arm in CONTROL_TEMPLATES)
+
+
+def study_arms(study: Study, coef: float | None) -> tuple[Arm, ...]:
+    """Every arm of `study`; the chain study's controls only once their coefficient is known."""
+    controls = control_arms(coef) if (study is CHAIN and coef is not None) else ()
+    return (*study.arms, *controls)
+
+
+def select_arms(text: str, arms: tuple[Arm, ...], groups) -> list[Arm]:
+    """`all`, a group name (main, dose, ...), or comma-separated arm names (groups may be mixed in)."""
+    by_name = {arm.name: arm for arm in arms}
     chosen: list[Arm] = []
     for part in filter(None, (piece.strip() for piece in text.split(","))):
         if part == "all":
-            chosen.extend(ARMS)
-        elif part in SEEDS:
-            chosen.extend(arm for arm in ARMS if arm.group == part)
+            chosen.extend(arms)
+        elif part in groups:
+            chosen.extend(arm for arm in arms if arm.group == part)
         elif part in by_name:
             chosen.append(by_name[part])
         else:
-            raise StudyError(f"unknown arm {part!r}; valid: all, main, ablation, {', '.join(by_name)}")
+            raise StudyError(f"unknown arm {part!r}; valid: all, {', '.join(groups)}, {', '.join(by_name)}")
     if not chosen:
         raise StudyError(f"--arms {text!r} names no arm")
     return list({arm.name: arm for arm in chosen}.values())
 
 
-def plan(arms: list[Arm], seeds: tuple[int, ...] | None) -> list[Run]:
-    """Seed-major order (every arm of seed 1, then seed 2, ...), so a study stopped early stays paired by seed."""
-    per_arm = {arm.name: (seeds or SEEDS[arm.group]) for arm in arms}
+def plan(arms: list[Arm], seeds: tuple[int, ...] | None, study: Study) -> list[Run]:
+    """Seed-major order (every arm of seed 1, then seed 2, ...), so a study stopped early stays paired by seed;
+    the control arms after every other arm's run of their seeds (their coefficient comes from the dose arms)."""
+    per_arm = {arm.name: (seeds or study.seeds[arm.group]) for arm in arms}
     every = sorted({seed for values in per_arm.values() for seed in values})
-    return [Run(arm, seed) for seed in every for arm in arms if seed in per_arm[arm.name]]
+
+    def phase(keep) -> list[Run]:
+        return [Run(arm, seed) for seed in every for arm in arms if seed in per_arm[arm.name] and keep(arm, seed)]
+
+    first = max(DOSE_SEEDS)
+    return [*phase(lambda arm, seed: arm.group != "control" and seed <= first),
+            *phase(lambda arm, seed: arm.group == "control"),
+            *phase(lambda arm, seed: arm.group != "control" and seed > first)]
 
 
-def check_presets(arms: list[Arm]) -> None:
+def check_presets(arms) -> None:
     for arm in arms:
         if not (PRESETS / f"{arm.preset}.yaml").is_file():
             raise StudyError(f"arm {arm.name}: no preset {arm.preset!r} in {PRESETS}")
@@ -246,10 +325,10 @@ def git_state(repo: Path) -> dict:
     return {"commit": git("rev-parse", "HEAD").strip() or None, "changed_tracked_files": changed}
 
 
-def command_for(run: Run, regime: dict, recipe: Path) -> tuple[dict, list[str]]:
+def command_for(run: Run, regime: dict, recipe: Path, study: Study) -> tuple[dict, list[str]]:
     """(environment additions, argv) of one run: `bash recipes/cpu.sh OVERRIDES...`."""
     env = {**regime, "ALGO": run.arm.preset, "SEED": str(run.seed), "QUIET": "1", "COMPARE": "0"}
-    return env, ["bash", str(recipe), *COMMON_OVERRIDES, *run.arm.overrides]
+    return env, ["bash", str(recipe), *study.common_overrides, *run.arm.overrides]
 
 
 @contextlib.contextmanager
@@ -282,13 +361,13 @@ def shown(env: dict, argv: list[str], repo: Path) -> str:
 
 
 def run_one(run: Run, results: Path, scratch: Path, regime: dict, recipe: Path, lock: str | None,
-            python: str, timeout: float, log) -> bool:
+            python: str, timeout: float, log, study: Study) -> bool:
     """Run one arm and seed in its scratch folder; on success copy metrics.jsonl and write run.json."""
     work = scratch / run.name
     if work.exists():  # an unfinished earlier attempt: start clean, so the JSONL holds this run only
         shutil.rmtree(work)
     work.mkdir(parents=True)
-    env_add, argv = command_for(run, regime, recipe)
+    env_add, argv = command_for(run, regime, recipe, study)
     env_add = {**env_add, "RUN_DIR": str(work)}
     # the recipe and verl's workers use this interpreter and its environment's tools, activated or not
     bin_dir = str(Path(python).parent)
@@ -320,7 +399,7 @@ def run_one(run: Run, results: Path, scratch: Path, regime: dict, recipe: Path, 
         "status": "finished",
         "arm": run.arm.name,
         "preset": run.arm.preset,
-        "overrides": list(COMMON_OVERRIDES) + list(run.arm.overrides),
+        "overrides": list(study.common_overrides) + list(run.arm.overrides),
         "seed": run.seed,
         "regime": regime,
         "command": shown(env_add, argv, REPO),
@@ -336,74 +415,89 @@ def run_one(run: Run, results: Path, scratch: Path, regime: dict, recipe: Path, 
     return True
 
 
-def check_study(results: Path, regime: dict, study: str) -> None:
+def check_study(results: Path, regime: dict, study: Study) -> None:
     """A study folder holds one regime: refuse to add runs of another one to it."""
     path = results / "study.json"
     if path.is_file():
         recorded = json.loads(path.read_text()).get("regime")
         if recorded != regime:
-            raise StudyError(f"{path} records the regime {recorded}, not {regime}: use another --study")
+            raise StudyError(f"{path} records the regime {recorded}, not {regime}: use another --results-root")
     else:
         results.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"study": study, "regime": regime, "common_overrides": list(COMMON_OVERRIDES)},
+        path.write_text(json.dumps({"study": study.name, "regime": regime,
+                                    "common_overrides": list(study.common_overrides)},
                                    indent=2, sort_keys=True) + "\n")
 
 
-def group_runs(results: Path) -> dict[str, list[Path]]:
-    """The finished run folders of the study, per comparison of COMPARISONS that has runs of its own arms."""
+def group_runs(results: Path, study: Study) -> dict[str, tuple[Comparison, list[Path]]]:
+    """The finished run folders of the study, per comparison that has runs of its own arms (the chain study's
+    control comparison sets the dose arm of the selected coefficient beside the controls, as its reference)."""
     present = {p.name: p for p in sorted(results.iterdir()) if (p / "run.json").is_file()} if results.is_dir() else {}
 
     def folders(arm_names) -> list[Path]:
         return [path for path in present.values() if default_label(path / "metrics.jsonl") in arm_names]
 
+    coef = control_coef(results, int(study.regime["STEPS"])) if study is CHAIN else None
+    arms = study_arms(study, coef)
     groups = {}
-    for name, comparison in COMPARISONS.items():
-        arms = [arm.name for arm in ARMS if arm.group == comparison.group]
-        if folders(arms):
-            groups[name] = folders([*comparison.beside, *arms])
+    for name, comparison in study.comparisons.items():
+        own = [arm.name for arm in arms if arm.group == comparison.group]
+        if comparison.group == "control":
+            if coef is None:
+                continue
+            comparison = dataclasses.replace(comparison, beside=(DOSE_LEVELS[coef], *comparison.beside),
+                                             reference=DOSE_LEVELS[coef])
+        if folders(own):
+            groups[name] = (comparison, folders([*comparison.beside, *own]))
     return groups
 
 
-def compare(results: Path, python: str, log, plots: bool = True, out_root: Path | None = None) -> dict[str, Path]:
-    """`tepo-verl compare` of each group of finished runs at STUDY_TARGET into out_root/<group> (default
-    <results>/compare/<group>); returns group -> output folder."""
+def compare(results: Path, study: Study, python: str, log, plots: bool = True,
+            out_root: Path | None = None) -> dict[str, tuple[Comparison, Path]]:
+    """`tepo-verl compare` of each comparison's finished runs at the study's target into out_root/<comparison>
+    (default <results>/compare/<comparison>); returns comparison -> (its definition, output folder)."""
     written = {}
-    for group, folders in group_runs(results).items():
-        out = (out_root or results / "compare") / group
-        argv = [python, "-m", "tepo_verl.report.compare", *map(str, folders), "--target", str(STUDY_TARGET),
+    for name, (comparison, folders) in group_runs(results, study).items():
+        out = (out_root or results / "compare") / name
+        argv = [python, "-m", "tepo_verl.report.compare", *map(str, folders), "--target", str(study.target),
                 "--out", str(out), *([] if plots else ["--no-plots"])]
-        if COMPARISONS[group].reference:
-            argv += ["--reference", COMPARISONS[group].reference]
-        log(f"[study] tepo-verl compare ({group}, {len(folders)} runs) -> {out}")
+        if comparison.reference:
+            argv += ["--reference", comparison.reference]
+        log(f"[study] tepo-verl compare ({study.name} {name}, {len(folders)} runs) -> {out}")
         proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True)
         if proc.returncode != 0:
-            raise StudyError(f"tepo-verl compare failed for the {group} runs: {proc.stderr.strip()}")
-        written[group] = out
+            raise StudyError(f"tepo-verl compare failed for the {study.name} {name} runs: {proc.stderr.strip()}")
+        written[name] = (comparison, out)
     return written
 
 
-def page_section(compared: dict[str, Path], page: Path) -> str:
-    """The generated part of the results page: each comparison's compare.md and links to its plots."""
-    lines = [PAGE_BEGIN, ""]
-    for group, out in compared.items():
-        lines += [f"#### {COMPARISONS[group].title}", ""]
+def page_section(compared: dict[str, tuple[Comparison, Path]], page: Path, study: Study) -> str:
+    """The generated part of the results page for `study`: each comparison's compare.md and links to its plots."""
+    lines = [study.page_begin, ""]
+    for name, (comparison, out) in compared.items():
+        lines += [f"#### {comparison.title}", ""]
         lines += [(out / "compare.md").read_text(encoding="utf-8").rstrip(), ""]
         for png in sorted(out.glob("*.png")):
-            lines += [f"![{group}: {png.stem.replace('_', ' ')}]({os.path.relpath(png, page.parent)})", ""]
-    return "\n".join([*lines, PAGE_END])
+            lines += [f"![{name}: {png.stem.replace('_', ' ')}]({os.path.relpath(png, page.parent)})", ""]
+    return "\n".join([*lines, study.page_end])
 
 
-def write_page(results: Path, page: Path, python: str, log, plots: bool = True) -> None:
-    """Regenerate the comparisons and splice them into `page` between PAGE_BEGIN and PAGE_END."""
+def write_page(results_root: Path, studies: list[Study], page: Path, python: str, log, plots: bool = True) -> None:
+    """Regenerate each study's comparisons and splice them into `page` between its markers (a study with no
+    finished run keeps what the page has there)."""
     text = page.read_text(encoding="utf-8")
-    if PAGE_BEGIN not in text or PAGE_END not in text:
-        raise StudyError(f"{page} has no study markers: add the lines {PAGE_BEGIN!r} and {PAGE_END!r}")
-    compared = compare(results, python, log, plots)
-    if not compared:
-        raise StudyError(f"no finished runs in {results}")
-    head, _, rest = text.partition(PAGE_BEGIN)
-    _, _, tail = rest.partition(PAGE_END)
-    page.write_text(head + page_section(compared, page) + tail, encoding="utf-8")
+    for study in studies:
+        if study.page_begin not in text or study.page_end not in text:
+            raise StudyError(f"{page} has no markers for study {study.name}: add the lines {study.page_begin!r} "
+                             f"and {study.page_end!r}")
+        compared = compare(results_root / study.name, study, python, log, plots)
+        if not compared:
+            log(f"[study] {study.name}: no finished runs yet; its part of {page} is left as it is")
+            continue
+        head, _, rest = text.partition(study.page_begin)
+        _, _, tail = rest.partition(study.page_end)
+        text = head + page_section(compared, page, study) + tail
+    page.write_text(text, encoding="utf-8")
     log(f"[study] wrote the study tables into {page}")
 
 
@@ -411,11 +505,13 @@ def write_page(results: Path, page: Path, python: str, log, plots: bool = True) 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python benchmarks/study.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--study", default=DEFAULT_STUDY, help=f"study name (default {DEFAULT_STUDY})")
-    parser.add_argument("--arms", default="all", help="all (default), main, ablation or comma-separated arm names")
+    parser.add_argument("--study", default=DEFAULT_STUDY, choices=list(STUDIES),
+                        help=f"the study (default {DEFAULT_STUDY})")
+    parser.add_argument("--arms", default="all", help="all (default), a group (main, dose, control) or "
+                                                      "comma-separated arm names")
     parser.add_argument("--seeds", default=None,
-                        help="e.g. 1-5 or 1,3 for every chosen arm (default: 1-5 for main arms, 1-3 for ablations)")
-    parser.add_argument("--steps", type=int, default=int(REGIME["STEPS"]), help="training steps per run")
+                        help="e.g. 1-5 or 1,3 for every chosen arm (default: the study's seeds of each arm's group)")
+    parser.add_argument("--steps", type=int, default=None, help="training steps per run (default: the regime's)")
     parser.add_argument("--results-root", type=Path, default=REPO / "benchmarks" / "results")
     parser.add_argument("--scratch-root", type=Path, default=REPO / "runs" / "study")
     parser.add_argument("--recipe", type=Path, default=RECIPE, help="the recipe (default recipes/cpu.sh)")
@@ -426,7 +522,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--list", action="store_true", help="print the plan and which runs are finished; run nothing")
     parser.add_argument("--no-compare", action="store_true", help="skip the comparisons and the page at the end")
     parser.add_argument("--page", action="store_true",
-                        help="only regenerate the comparisons and the results page from the finished runs")
+                        help="only regenerate every study's comparisons and its part of the results page")
     parser.add_argument("--page-file", type=Path, default=REPO / "docs" / "results.md",
                         help="the results page (default docs/results.md)")
     parser.add_argument("--no-plots", action="store_true", help="comparisons without PNG plots")
@@ -435,44 +531,60 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None, log=print) -> int:
     args = build_parser().parse_args(argv)
+    study = STUDIES[args.study]
+    python = os.environ.get("PYTHON") or sys.executable
     try:
-        if args.steps < 1:
-            raise StudyError(f"--steps must be >= 1, got {args.steps}")
-        arms = select_arms(args.arms)
-        check_presets(arms)
-        runs = plan(arms, parse_seeds(args.seeds) if args.seeds else None)
-        regime = {**REGIME, "STEPS": str(args.steps)}
-        results = (args.results_root / args.study).resolve()
-        scratch = (args.scratch_root / args.study).resolve()
-        if args.list:
-            log(f"study {args.study}: regime {regime}; verl overrides for every run: {' '.join(COMMON_OVERRIDES)}")
-            for arm in arms:
-                seeds = [r.seed for r in runs if r.arm is arm]
-                done = [s for s in seeds if finished(results / f"{arm.name}-seed{s}", args.steps)]
-                log(f"  {arm.name:20} {arm.group:8} preset {arm.preset:12} seeds {seeds} finished {done}  "
-                    f"{' '.join(arm.overrides)}")
-            return 0
-        python = os.environ.get("PYTHON") or sys.executable
         if args.page:
-            write_page(results, args.page_file, python, log, plots=not args.no_plots)
+            write_page(args.results_root.resolve(), list(STUDIES.values()), args.page_file, python, log,
+                       plots=not args.no_plots)
             return 0
-        check_study(results, regime, args.study)
+        steps = int(study.regime["STEPS"]) if args.steps is None else args.steps
+        if steps < 1:
+            raise StudyError(f"--steps must be >= 1, got {steps}")
+        regime = {**study.regime, "STEPS": str(steps)}
+        results = (args.results_root / study.name).resolve()
+        scratch = (args.scratch_root / study.name).resolve()
+        coef = control_coef(results, steps) if study is CHAIN else None
+        groups = [*study.seeds]
+        arms = select_arms(args.arms, study_arms(study, coef) if coef is not None or study is not CHAIN
+                           else (*study.arms, *CONTROL_TEMPLATES), groups)
+        waiting = [arm for arm in arms if arm.group == "control" and coef is None]
+        arms = [arm for arm in arms if arm not in waiting]
+        check_presets(arms)
+        runs = plan(arms, parse_seeds(args.seeds) if args.seeds else None, study)
+        if args.list:
+            log(f"study {study.name}: regime {regime}; verl overrides for every run: "
+                f"{' '.join(study.common_overrides)}; target {study.target}"
+                + (f"; superseded: {study.superseded}" if study.superseded else ""))
+            for arm in [*arms, *waiting]:
+                seeds = [r.seed for r in runs if r.arm is arm] or list(study.seeds[arm.group])
+                done = [s for s in seeds if finished(results / f"{arm.name}-seed{s}", steps)]
+                pending = " (kl_coef pending: the dose arms' seeds 1-5 first)" if arm in waiting else ""
+                log(f"  {arm.name:20} {arm.group:8} preset {arm.preset:12} seeds {seeds} finished {done}  "
+                    f"{' '.join(arm.overrides)}{pending}")
+            return 0
+        if study.superseded:
+            raise StudyError(f"study {study.name} is superseded ({study.superseded}); use --page for its tables")
+        check_study(results, regime, study)
     except StudyError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    todo = [run for run in runs if not finished(results / run.name, args.steps)]
-    log(f"[study] {args.study}: {len(runs)} runs planned, {len(runs) - len(todo)} finished (skipped), "
+    todo = [run for run in runs if not finished(results / run.name, steps)]
+    log(f"[study] {study.name}: {len(runs)} runs planned, {len(runs) - len(todo)} finished (skipped), "
         f"{len(todo)} to run; results in {results}")
+    if waiting:
+        log(f"[study] the control arms ({', '.join(a.name for a in waiting)}) wait for their kl_coef: the dose "
+            f"arms' seeds {DOSE_SEEDS[0]}-{DOSE_SEEDS[-1]} first")
     if args.max_runs is not None:
         todo = todo[: args.max_runs]
     failed = [run.name for run in todo
               if not run_one(run, results, scratch, regime, args.recipe.resolve(), args.lock, python, args.timeout,
-                             log)]
+                             log, study)]
     if failed:
         log(f"[study] {len(failed)} failed runs (rerun the same command to retry them): {', '.join(failed)}")
     if not args.no_compare:
         try:
-            write_page(results, args.page_file, python, log, plots=not args.no_plots)
+            write_page(args.results_root.resolve(), [study], args.page_file, python, log, plots=not args.no_plots)
         except StudyError as error:
             print(f"error: {error}", file=sys.stderr)
             return 2

@@ -24,13 +24,13 @@ _spec.loader.exec_module(study)
 #: into $RUN_DIR (fewer with FAKE_SHORT=1 for the arm FAKE_ALGO; exit 1 with FAKE_FAIL=1 for that arm).
 FAKE = r"""#!/usr/bin/env bash
 set -euo pipefail
-printf '%s\n' "$(python -c 'import json, os, sys; print(json.dumps({"env": {k: os.environ.get(k) for k in ("TASK", "N", "BATCH", "MINI", "STEPS", "TEST_FREQ", "ALGO", "SEED", "RUN_DIR", "QUIET", "COMPARE")}, "args": sys.argv[1:]}))' "$@")" >> "$FAKE_LOG"
+printf '%s\n' "$(python -c 'import json, os, sys; print(json.dumps({"env": {k: os.environ.get(k) for k in ("TASK", "PRECISION", "N", "BATCH", "MINI", "STEPS", "TEST_FREQ", "ALGO", "SEED", "RUN_DIR", "QUIET", "COMPARE")}, "args": sys.argv[1:]}))' "$@")" >> "$FAKE_LOG"
 last=$STEPS
 if [[ "${FAKE_ALGO:-}" == "$ALGO" && "${FAKE_FAIL:-0}" == 1 ]]; then exit 1; fi
 if [[ "${FAKE_ALGO:-}" == "$ALGO" && "${FAKE_SHORT:-0}" == 1 ]]; then last=$((STEPS - 1)); fi
 for ((step = 0; step <= last; step++)); do
   acc=$(python -c "print(min(1.0, 0.25 + 0.05 * $step + 0.01 * $SEED))")
-  echo "{\"step\": $step, \"data\": {\"critic/score/mean\": $acc, \"val-core/tepo_tiny_scratchpad/acc/mean@1\": $acc, \"timing_s/step\": 2.0}}" >> "$RUN_DIR/metrics.jsonl"
+  echo "{\"step\": $step, \"data\": {\"critic/score/mean\": $acc, \"val-core/tepo_tiny_chain/acc/mean@1\": $acc, \"timing_s/step\": 2.0}}" >> "$RUN_DIR/metrics.jsonl"
 done
 echo "console of $ALGO seed $SEED" > "$RUN_DIR/console.log"
 """
@@ -46,39 +46,40 @@ def fake(tmp_path, monkeypatch):
         monkeypatch.delenv(name, raising=False)
 
     page = tmp_path / "page.md"
-    page.write_text(f"# Results\n\nprose before\n\n{study.PAGE_BEGIN}\nold tables\n{study.PAGE_END}\n\nprose after\n")
+    page.write_text(f"# Results\n\nprose before\n\n{CHAIN.page_begin}\nold tables\n{CHAIN.page_end}\n\nprose after\n")
 
     def run(*args: str) -> tuple[int, list[dict]]:
         before = len(log.read_text().splitlines()) if log.exists() else 0
         code = study.main(["--results-root", str(tmp_path / "results"), "--scratch-root", str(tmp_path / "scratch"),
-                           "--recipe", str(recipe), "--study", "s", "--page-file", str(page), *args],
+                           "--recipe", str(recipe), "--page-file", str(page), *args],
                           log=lambda *_: None)
         calls = [json.loads(line) for line in log.read_text().splitlines()[before:]] if log.exists() else []
         return code, calls
 
-    return run, tmp_path / "results" / "s"
+    return run, tmp_path / "results" / CHAIN.name
 
 
-ARGS = ("--arms", "tepo,gspo-clip3e-3", "--seeds", "1-2", "--steps", "3", "--no-compare")
+CHAIN = study.CHAIN
+ARGS = ("--arms", "tepo,tepo-kl10", "--seeds", "1-2", "--steps", "3", "--no-compare")
+KL10 = "actor_rollout_ref.actor.policy_loss.tepo.kl_coef=10.0"
 
 
 def test_runs_every_arm_and_seed_and_records_what_ran(fake):
     run, results = fake
     code, calls = run(*ARGS)
     assert code == 0
-    assert [(c["env"]["ALGO"], c["env"]["SEED"]) for c in calls] == [("tepo", "1"), ("gspo", "1"), ("tepo", "2"),
-                                                                       ("gspo", "2")]  # seed-major: paired early
+    assert [(c["env"]["ALGO"], c["env"]["SEED"], KL10 in c["args"]) for c in calls] == [
+        ("tepo", "1", False), ("tepo", "1", True), ("tepo", "2", False), ("tepo", "2", True)]  # seed-major
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     for call in calls:
         env = call["env"]
-        assert (env["TASK"], env["N"], env["STEPS"], env["QUIET"], env["COMPARE"]) == ("scratchpad", "8", "3", "1", "0")
+        assert (env["TASK"], env["PRECISION"], env["N"], env["STEPS"], env["QUIET"], env["COMPARE"]) == (
+            "chain", "float32", "8", "3", "1", "0")
         assert int(env["BATCH"]) == 8 * int(env["MINI"])  # 8 PPO updates per step
-    gspo = [c for c in calls if c["env"]["ALGO"] == "gspo"][0]["args"]
-    assert gspo == [*study.COMMON_OVERRIDES, "actor_rollout_ref.actor.clip_ratio=0.003",
-                    "actor_rollout_ref.actor.clip_ratio_low=0.003", "actor_rollout_ref.actor.clip_ratio_high=0.004"]
-    assert sorted(p.name for p in results.iterdir()) == ["gspo-clip3e-3-seed1", "gspo-clip3e-3-seed2", "study.json",
+    assert calls[1]["args"] == [*CHAIN.common_overrides, KL10]
+    assert sorted(p.name for p in results.iterdir()) == ["study.json", "tepo-kl10-seed1", "tepo-kl10-seed2",
                                                          "tepo-seed1", "tepo-seed2"]
-    for name in ("tepo-seed1", "gspo-clip3e-3-seed2"):
+    for name in ("tepo-seed1", "tepo-kl10-seed2"):
         assert sorted(p.name for p in (results / name).iterdir()) == ["metrics.jsonl", "run.json"]
         record = json.loads((results / name / "run.json").read_text())
         assert record["status"] == "finished" and record["commit"] == head and record["regime"]["STEPS"] == "3"
@@ -97,30 +98,31 @@ def test_resume_skips_finished_runs_and_reruns_the_rest(fake):
     code, calls = run(*ARGS)
     assert code == 0 and calls == []  # everything finished: nothing runs
     (results / "tepo-seed2" / "run.json").unlink()  # no record: not finished
-    lines = (results / "gspo-clip3e-3-seed1" / "metrics.jsonl").read_text().splitlines()
-    (results / "gspo-clip3e-3-seed1" / "metrics.jsonl").write_text("\n".join(lines[:-1]) + "\n")  # short of the end
+    lines = (results / "tepo-kl10-seed1" / "metrics.jsonl").read_text().splitlines()
+    (results / "tepo-kl10-seed1" / "metrics.jsonl").write_text("\n".join(lines[:-1]) + "\n")  # short of the end
     code, calls = run(*ARGS)
-    assert code == 0 and sorted((c["env"]["ALGO"], c["env"]["SEED"]) for c in calls) == [("gspo", "1"), ("tepo", "2")]
-    code, calls = run(*ARGS[:4], "--seeds", "1-3", "--steps", "3", "--no-compare")
-    assert code == 0 and sorted((c["env"]["ALGO"], c["env"]["SEED"]) for c in calls) == [("gspo", "3"), ("tepo", "3")]
+    assert code == 0 and sorted((c["env"]["SEED"], KL10 in c["args"]) for c in calls) == [("1", True), ("2", False)]
+    code, calls = run(*ARGS[:2], "--seeds", "1-3", "--steps", "3", "--no-compare")
+    assert code == 0 and sorted((c["env"]["SEED"], KL10 in c["args"]) for c in calls) == [("3", False), ("3", True)]
 
 
 def test_a_failed_or_short_run_leaves_no_record_and_the_others_go_on(fake, monkeypatch):
     run, results = fake
+    args = ("--arms", "tepo,gspo", "--seeds", "1-2", "--steps", "3", "--no-compare")
     monkeypatch.setenv("FAKE_ALGO", "gspo")
     monkeypatch.setenv("FAKE_FAIL", "1")
-    code, calls = run(*ARGS)
+    code, calls = run(*args)
     assert code == 1 and len(calls) == 4
     assert (results / "tepo-seed1" / "run.json").is_file() and (results / "tepo-seed2" / "run.json").is_file()
-    assert not (results / "gspo-clip3e-3-seed1").exists()
+    assert not (results / "gspo-seed1").exists()
     monkeypatch.setenv("FAKE_FAIL", "0")
     monkeypatch.setenv("FAKE_SHORT", "1")  # exits 0 but stops a step early
-    code, calls = run(*ARGS)
+    code, calls = run(*args)
     assert code == 1 and [c["env"]["ALGO"] for c in calls] == ["gspo", "gspo"]
-    assert not (results / "gspo-clip3e-3-seed1").exists()
+    assert not (results / "gspo-seed1").exists()
     monkeypatch.setenv("FAKE_SHORT", "0")
-    code, calls = run(*ARGS)
-    assert code == 0 and len(calls) == 2 and (results / "gspo-clip3e-3-seed2" / "run.json").is_file()
+    code, calls = run(*args)
+    assert code == 0 and len(calls) == 2 and (results / "gspo-seed2" / "run.json").is_file()
 
 
 def test_a_study_folder_holds_one_regime(fake, capsys):
@@ -128,7 +130,7 @@ def test_a_study_folder_holds_one_regime(fake, capsys):
     assert run(*ARGS)[0] == 0
     code, calls = run("--arms", "tepo", "--seeds", "1", "--steps", "4", "--no-compare")
     assert code == 2 and calls == []
-    assert "use another --study" in capsys.readouterr().err
+    assert "use another --results-root" in capsys.readouterr().err
 
 
 def test_ends_with_the_comparisons_and_the_results_page(fake):
@@ -137,14 +139,14 @@ def test_ends_with_the_comparisons_and_the_results_page(fake):
     assert code == 0
     main = (results / "compare" / "main" / "compare.csv").read_text().splitlines()
     assert [line.split(",")[0] for line in main[1:]] == ["grpo", "tepo"]
-    ablations = (results / "compare" / "ablations" / "compare.csv").read_text().splitlines()
-    assert [line.split(",")[0] for line in ablations[1:]] == ["tepo", "tepo-kl10"]  # no gspo run to put beside
+    dose = (results / "compare" / "dose" / "compare.csv").read_text().splitlines()
+    assert [line.split(",")[0] for line in dose[1:]] == ["tepo", "tepo-kl10"]  # no tepo_nomask run to put beside
     page = (results.parents[1] / "page.md").read_text()
     assert page.startswith("# Results\n\nprose before\n\n") and page.endswith("\n\nprose after\n")
-    generated = page.split(study.PAGE_BEGIN)[1].split(study.PAGE_END)[0]
+    generated = page.split(CHAIN.page_begin)[1].split(CHAIN.page_end)[0]
     assert "old tables" not in generated
-    assert generated.count(f"Target validation accuracy: {study.STUDY_TARGET:.4f}") == 2
-    assert "#### Main arms" in generated and "#### TEPO ablations" in generated
+    assert generated.count(f"Target validation accuracy: {CHAIN.target:.4f}") == 2
+    assert "#### Main arms" in generated and "#### The mask's dose" in generated
     assert (results / "compare" / "main" / "compare.md").read_text().strip() in generated
 
 
@@ -153,19 +155,29 @@ def test_page_alone_runs_nothing_and_needs_the_markers(fake, capsys):
     assert run("--arms", "tepo,grpo", "--seeds", "1", "--steps", "3", "--no-compare")[0] == 0
     page = results.parents[1] / "page.md"
     code, calls = run("--page", "--no-plots")
-    assert code == 0 and calls == [] and "| grpo " in page.read_text()
+    both = "".join(f"{s.page_begin}\nold\n{s.page_end}\n" for s in study.STUDIES.values())
+    page.write_text(both)
+    code, calls = run("--page", "--no-plots")
+    text = page.read_text()
+    assert code == 0 and calls == [] and "| grpo " in text.split(CHAIN.page_end)[0]
+    assert text.count("\nold\n") == 1 and "\nold\n" in text.split(CHAIN.page_end)[1]  # no runs: left as it was
     page.write_text("no markers\n")
     assert run("--page", "--no-plots") == (2, [])
-    assert "has no study markers" in capsys.readouterr().err
+    assert "has no markers for study" in capsys.readouterr().err
 
 
-def test_the_committed_results_page_is_what_the_committed_runs_give(tmp_path):
-    results = REPO / "benchmarks" / "results" / study.DEFAULT_STUDY
+@pytest.mark.parametrize("name", list(study.STUDIES))
+def test_the_committed_results_page_is_what_the_committed_runs_give(tmp_path, name):
+    chosen = study.STUDIES[name]
+    results = REPO / "benchmarks" / "results" / chosen.name
     page = REPO / "docs" / "results.md"
-    assert study.group_runs(results), f"no committed study runs in {results}"
-    compared = study.compare(results, sys.executable, log=lambda *_: None, plots=False, out_root=tmp_path)
-    expected = study.page_section(compared, page)
-    committed = study.PAGE_BEGIN + page.read_text().split(study.PAGE_BEGIN)[1].split(study.PAGE_END)[0] + study.PAGE_END
+    if not study.group_runs(results, chosen):
+        assert chosen is CHAIN, f"no committed runs in {results}"
+        return  # the current study before its first committed run: the page keeps its placeholder
+    compared = study.compare(results, chosen, sys.executable, log=lambda *_: None, plots=False, out_root=tmp_path)
+    expected = study.page_section(compared, page, chosen)
+    text = page.read_text()
+    committed = chosen.page_begin + text.split(chosen.page_begin)[1].split(chosen.page_end)[0] + chosen.page_end
 
     def tables(text: str) -> list[str]:  # without the plots' links, which name where they were written
         return [line for line in text.splitlines() if line and not line.startswith("![")]
@@ -187,45 +199,86 @@ def test_the_lock_is_held_during_each_run_and_its_wait_recorded_apart(fake, tmp_
     assert code == 0 and len(calls) == 1
     record = json.loads((results / "tepo-seed1" / "run.json").read_text())
     assert record["lock_wait_s"] >= 0.9 and record["wall_s"] <= total - record["lock_wait_s"] + 0.1
-    assert record["command"].startswith("TASK=scratchpad ") and "flock" not in record["command"]
+    assert record["command"].startswith("TASK=chain PRECISION=float32 ") and "flock" not in record["command"]
     with open(lock, "a") as again:  # released after the run
         fcntl.flock(again, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
 # ------------------------------------------------------------------------------------------------- the plan
 
-def test_plan_has_the_main_arms_with_five_seeds_and_the_ablations():
-    main = [a.name for a in study.ARMS if a.group == "main"]
+def test_the_chain_plan_has_ten_seeds_of_each_main_arm_five_of_each_dose_and_control_arm():
+    main = [a.name for a in CHAIN.arms if a.group == "main"]
     assert main == ["tepo", "tepo_nomask", "gspo", "grpo", "dapo"]
-    assert study.SEEDS["main"] == (1, 2, 3, 4, 5) and len(study.SEEDS["ablation"]) >= 2
-    runs = study.plan(study.select_arms("all"), None)
-    ablations = [a for a in study.ARMS if a.group == "ablation"]
-    precision = [a.name for a in study.ARMS if a.group == "precision"]
-    assert precision == ["tepo-fp32", "gspo-fp32"] and study.SEEDS["precision"] == (1, 2, 3, 4, 5)
-    assert len(runs) == 5 * 5 + len(ablations) * len(study.SEEDS["ablation"]) + 2 * 5
-    assert len({r.name for r in runs}) == len(runs)
-    clip = lambda preset: {a.name.split("-", 1)[1] for a in study.ARMS if a.preset == preset and "clip" in a.name}  # noqa: E731
-    assert clip("tepo") == clip("gspo") != set()  # GSPO gets the same clip sweep
-    rules = {o.split("=")[1] for a in study.ARMS for o in a.overrides if ".mask_rule=" in o}
-    assert rules == {"surprisal", "old"}  # surprisal_old is the tepo arm
+    assert CHAIN.seeds == {"main": tuple(range(1, 11)), "dose": (1, 2, 3, 4, 5), "control": (1, 2, 3, 4, 5)}
+    dose = {a.name: a.overrides for a in CHAIN.arms if a.group == "dose"}
+    assert dose == {"tepo-kl10": (f"{study.TEPO}.kl_coef=10.0",), "tepo-kl100": (f"{study.TEPO}.kl_coef=100.0",)}
+    assert CHAIN.regime["PRECISION"] == "float32" and CHAIN.regime["TASK"] == "chain"
+    runs = study.plan(list(study.study_arms(CHAIN, 10.0)), None, CHAIN)
+    assert len(runs) == 75 and len({r.name for r in runs}) == 75
+    # seeds 1-5 of the main and dose arms first, then the controls, then the main arms' seeds 6-10
+    groups = [(r.arm.group != "control", r.seed <= 5) for r in runs]
+    assert groups == [(True, True)] * 35 + [(False, True)] * 15 + [(True, False)] * 25
+    assert all(f"{study.TEPO}.kl_coef=10.0" in r.arm.overrides for r in runs if r.arm.group == "control")
     assert study.parse_seeds("1-3,7") == (1, 2, 3, 7)
     for bad in ("0-2", "3-1", "x", ","):
         with pytest.raises(study.StudyError):
             study.parse_seeds(bad)
     with pytest.raises(study.StudyError, match="unknown arm 'ppo'"):
-        study.select_arms("tepo,ppo")
+        study.select_arms("tepo,ppo", CHAIN.arms, CHAIN.seeds)
 
 
-def test_every_arm_composes_with_verl_and_sets_its_overrides():
+def _finished_run(results: Path, name: str, accuracies: list[float], steps: int = 3) -> None:
+    """A finished run folder whose validation accuracy at steps 0..steps is `accuracies`."""
+    folder = results / name
+    folder.mkdir(parents=True)
+    lines = [json.dumps({"step": step, "data": {"val-core/tepo_tiny_chain/acc/mean@1": acc}})
+             for step, acc in zip(range(steps + 1), accuracies)]
+    (folder / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    (folder / "run.json").write_text(json.dumps({"status": "finished", "regime": {"STEPS": str(steps)}}))
+
+
+@pytest.mark.parametrize("aucs, chosen", [((0.3, 0.4, 0.2), 10.0), ((0.5, 0.4, 0.45), 1.0), ((0.3, 0.3, 0.6), 100.0),
+                                          ((0.4, 0.4, 0.2), 1.0)])  # a tie goes to the smaller coefficient
+def test_the_controls_take_the_dose_with_the_highest_mean_auc(tmp_path, aucs, chosen):
+    for (coef, arm), auc in zip(study.DOSE_LEVELS.items(), aucs):
+        for seed in study.DOSE_SEEDS:
+            spread = 0.02 * (seed - 3)  # the seeds differ; their mean is the arm's AUC
+            _finished_run(tmp_path, f"{arm}-seed{seed}", [auc + spread] * 4)
+    assert study.control_coef(tmp_path, 3) == chosen
+    (tmp_path / "tepo-kl100-seed5" / "run.json").unlink()  # one dose run unfinished: no coefficient yet
+    assert study.control_coef(tmp_path, 3) is None
+
+
+def test_the_controls_wait_for_the_dose_arms_then_run_at_the_chosen_coefficient(fake):
+    run, results = fake
+    code, calls = run("--arms", "control", "--steps", "3", "--no-compare")
+    assert code == 0 and calls == []
+    for coef, arm in study.DOSE_LEVELS.items():
+        for seed in study.DOSE_SEEDS:
+            _finished_run(results, f"{arm}-seed{seed}", [0.5 if coef == 100.0 else 0.3] * 4)
+    code, calls = run("--arms", "control", "--seeds", "1", "--steps", "3", "--no-compare")
+    assert code == 0 and len(calls) == 3
+    assert all(call["args"][-1] == f"{study.TEPO}.kl_coef=100.0" for call in calls)
+
+
+def test_a_superseded_study_takes_no_new_runs(fake, capsys):
+    run, _ = fake
+    code, calls = run("--study", "cpu-scratchpad", "--arms", "tepo", "--seeds", "1", "--no-compare")
+    assert code == 2 and calls == [] and "superseded" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", list(study.STUDIES))
+def test_every_arm_composes_with_verl_and_sets_its_overrides(name):
     """Each arm's preset + overrides compose in verl's real config, and the actor dataclass carries them."""
     from omegaconf import OmegaConf
     from verl_config import actor_config, compose_config
 
-    for arm in study.ARMS:
-        overrides = [f"+algorithm={arm.preset}", *study.COMMON_OVERRIDES, *arm.overrides]
+    chosen = study.STUDIES[name]
+    for arm in study.study_arms(chosen, 10.0):
+        overrides = [f"+algorithm={arm.preset}", *chosen.common_overrides, *arm.overrides]
         config = compose_config(overrides)
         actor_config(overrides)  # verl validates the actor config (clip ranges, loss mode, the tepo block)
-        for override in (*study.COMMON_OVERRIDES, *arm.overrides):
+        for override in (*chosen.common_overrides, *arm.overrides):
             key, value = override.split("=", 1)
             node = OmegaConf.select(config, key.lstrip("+"))
             shown = OmegaConf.to_container(node) if OmegaConf.is_config(node) else node
@@ -237,7 +290,8 @@ def test_list_prints_the_plan_and_runs_nothing(tmp_path):
     lines: list[str] = []
     code = study.main(["--list", "--results-root", str(tmp_path)], log=lines.append)
     assert code == 0 and not any(tmp_path.iterdir())
-    assert len(lines) == 1 + len(study.ARMS) and "tepo-mask_old" in "\n".join(lines)
+    assert len(lines) == 1 + len(CHAIN.arms) + len(study.CONTROL_TEMPLATES)
+    assert "ctl-top20" in lines[-1] and "kl_coef pending" in lines[-1]
 
 
 def test_git_state_names_the_commit_and_the_changed_tracked_files(tmp_path):

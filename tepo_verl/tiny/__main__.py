@@ -1,4 +1,4 @@
-"""`python -m tepo_verl.tiny build [--task addition|scratchpad] [--out DIR] [--seed N] [--force] [--retrain]
+"""`python -m tepo_verl.tiny build [--task addition|scratchpad|chain] [--out DIR] [--seed N] [--force] [--retrain]
 [--print KEY] [--dry-run]`."""
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from pathlib import Path
 
 #: What `--print` can print: the manifest's paths and the build folder.
 PRINT_FIELDS = ("model", "train", "val", "reward", "reward_name", "dir")
+#: The tasks built by tepo_verl/tiny/scratchpad.py (the others: the addition task, tepo_verl/tiny/build.py).
+CHAIN_TASKS = ("scratchpad", "chain")
 
 
 def _check(args: argparse.Namespace, spec) -> None:
@@ -24,9 +26,10 @@ def _check(args: argparse.Namespace, spec) -> None:
         raise ValueError(f"--warmup-steps must be >= 0, got {spec.warmup_steps}")
     if spec.val_size < 1 or spec.train_size < 1:
         raise ValueError(f"--train-size and --val-size must be >= 1, got {spec.train_size} and {spec.val_size}")
-    available = (spec.distinct_problems() if args.task == "scratchpad"
+    chains = args.task in CHAIN_TASKS
+    available = (spec.distinct_problems() if chains
                  else len(task.all_problems(tuple(spec.a_range), tuple(spec.b_range))))
-    if spec.train_size + spec.val_size > available and args.task == "scratchpad":
+    if spec.train_size + spec.val_size > available and chains:
         raise ValueError(f"--train-size + --val-size exceeds the {available} distinct problems")
     if spec.train_size + spec.val_size > available:
         raise ValueError(f"--train-size + --val-size = {spec.train_size + spec.val_size} exceeds the {available} "
@@ -42,8 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="build (or reuse) the tiny model, tokenizer, parquet data and reward")
     b.add_argument("--out", default=None, help="output dir (default: ~/.cache/tepo-verl/tiny/<key>)")
-    b.add_argument("--task", choices=("addition", "scratchpad"), default="addition",
-                   help="addition: 'What is 37+45?' -> '82' (default); scratchpad: 4 operands, partial sums first")
+    b.add_argument("--task", choices=("addition", *CHAIN_TASKS), default="addition",
+                   help="addition: 'What is 37+45?' -> '82' (default); scratchpad: 4 operands, partial sums first; "
+                        "chain: the scratchpad with 3 to 6 operands")
     b.add_argument("--seed", type=int, default=None, help="default: the task's spec (0)")
     b.add_argument("--warmup-steps", type=int, default=None, help="default: the task's spec")
     b.add_argument("--train-size", type=int, default=None, help="default: the task's spec")
@@ -61,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
 
     given = {"seed": args.seed, "warmup_steps": args.warmup_steps, "train_size": args.train_size,
              "val_size": args.val_size}
-    base = scratchpad.ScratchSpec() if args.task == "scratchpad" else TinySpec()
+    base = {"scratchpad": scratchpad.ScratchSpec, "chain": scratchpad.ChainSpec}.get(args.task, TinySpec)()
     spec = dataclasses.replace(base, **{name: value for name, value in given.items() if value is not None})
     try:
         _check(args, spec)
@@ -72,12 +76,12 @@ def main(argv: list[str] | None = None) -> int:
         from tepo_verl.tiny.build import default_cache_root, paths
 
         out = Path(args.out) if args.out is not None else (
-            scratchpad.default_out(spec) if args.task == "scratchpad" else default_cache_root() / spec.key())
+            scratchpad.default_out(spec) if args.task in CHAIN_TASKS else default_cache_root() / spec.key())
         manifest = {"key": spec.key(), "spec": dataclasses.asdict(spec), "paths": paths(out),
                     "built": (out / "manifest.json").is_file()}
     else:
         log = (lambda msg: print(msg, file=sys.stderr)) if args.field else print
-        builder = scratchpad.build if args.task == "scratchpad" else build
+        builder = scratchpad.build if args.task in CHAIN_TASKS else build
         manifest = builder(args.out, spec, force=args.force, log=log, retrain=args.retrain)
     if args.field:
         if args.field == "dir":

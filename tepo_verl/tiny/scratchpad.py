@@ -15,6 +15,10 @@ builds (or reuses) DIR/model (the tiny Qwen2 policy and the tokenizer), DIR/data
 schema and DIR/manifest.json, like the addition task (tepo_verl/tiny/build.py). The policy is the shipped one
 (tepo_verl/tiny/policies/scratchpad, the same start on every machine) when the spec is the default one;
 `--retrain` (or a non-default spec) trains it here with a short supervised warm-up on the whole scratchpad.
+
+The chain task (`--task chain`, ChainSpec) is the same scratchpad with a varying number of operands (3 to 6 by
+default), so responses run from 17 to about 53 tokens: a chain of 2 to 5 additions. Longer chains are harder, which
+gives RL room to improve for longer, and the lengths differ, which token-level aggregation needs to act on.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import hashlib
 import random
 import time
 from pathlib import Path
+from typing import ClassVar
 
 from tepo_verl.tiny import common
 from tepo_verl.tiny import tokenizer as tiny_tokenizer
@@ -51,6 +56,11 @@ MAX_RESPONSE_TOKENS = 48
 
 @dataclasses.dataclass(frozen=True)
 class ScratchSpec(PolicySpec):
+    #: the task's name (build key, shipped policy folder, --task) and the reward's data_source (verl's metric names)
+    TASK: ClassVar[str] = "scratchpad"
+    DATA_SOURCE: ClassVar[str] = DATA_SOURCE
+    MAX_RESPONSE_TOKENS: ClassVar[int] = MAX_RESPONSE_TOKENS
+
     # the model and the warm-up's batch and learning rate: PolicySpec, the addition task's (149,568 parameters)
     # data: `operands` numbers drawn from operand_range (inclusive)
     operands: int = 4
@@ -63,10 +73,34 @@ class ScratchSpec(PolicySpec):
     warmup_steps: int = 670
 
     def key(self) -> str:
-        return build_key(self, task="scratchpad", builder=BUILDER_VERSION)
+        return build_key(self, task=self.TASK, builder=BUILDER_VERSION)
+
+    def operand_counts(self) -> int | tuple[int, int]:
+        """How many operands a problem has: a number, or an inclusive (fewest, most) range drawn per problem."""
+        return self.operands
 
     def distinct_problems(self) -> int:
-        return (self.operand_range[1] - self.operand_range[0] + 1) ** self.operands
+        counts = self.operand_counts()
+        low, high = counts if isinstance(counts, tuple) else (counts, counts)
+        return sum((self.operand_range[1] - self.operand_range[0] + 1) ** k for k in range(low, high + 1))
+
+
+@dataclasses.dataclass(frozen=True)
+class ChainSpec(ScratchSpec):
+    """The chain task: 3 to 6 operands per problem (`min_operands` to `operands`), validated on 256 problems; the
+    warm-up stops low on the accuracy curve (about a quarter of the validation problems right, greedy)."""
+
+    TASK: ClassVar[str] = "chain"
+    DATA_SOURCE: ClassVar[str] = "tepo_tiny_chain"
+    #: 6 operands need 53 tokens (+ end of turn); room to ramble
+    MAX_RESPONSE_TOKENS: ClassVar[int] = 64
+    min_operands: int = 3
+    operands: int = 6
+    val_size: int = 256
+    warmup_steps: int = 0  # set from the warm-up curve (docs/results.md)
+
+    def operand_counts(self) -> tuple[int, int]:
+        return (self.min_operands, self.operands)
 
 
 # ---------------------------------------------------------------------------------------------------- the task
@@ -88,17 +122,26 @@ def answer(ops) -> str:
     return str(sum(ops))
 
 
-def problems(count: int, seed: int, operands: int = 4, operand_range=(10, 49), exclude=None) -> list[tuple]:
+def draw(rng: random.Random, operands: int | tuple[int, int], operand_range) -> tuple:
+    """One problem's operands: `operands` of them, or a count drawn from the inclusive range first."""
+    count = rng.randint(*operands) if isinstance(operands, tuple) else operands
+    return tuple(rng.randint(*operand_range) for _ in range(count))
+
+
+def problems(count: int, seed: int, operands: int | tuple[int, int] = 4, operand_range=(10, 49),
+             exclude=None) -> list[tuple]:
     """`count` distinct operand tuples, seeded; none from `exclude`."""
     rng = random.Random(seed)
     exclude = exclude or set()
-    available = (operand_range[1] - operand_range[0] + 1) ** operands - len(exclude)
+    low, high = operands if isinstance(operands, tuple) else (operands, operands)
+    width = operand_range[1] - operand_range[0] + 1
+    available = sum(width ** k for k in range(low, high + 1)) - len(exclude)
     if count > available:
         raise ValueError(f"only {available} distinct problems are available, asked for {count}")
     seen: set[tuple] = set()
     out: list[tuple] = []
     while len(out) < count:
-        ops = tuple(rng.randint(*operand_range) for _ in range(operands))
+        ops = draw(rng, operands, operand_range)
         if ops in seen or ops in exclude:
             continue
         seen.add(ops)
@@ -106,9 +149,9 @@ def problems(count: int, seed: int, operands: int = 4, operand_range=(10, 49), e
     return out
 
 
-def row(ops, split: str, index: int) -> dict:
+def row(ops, split: str, index: int, data_source: str = DATA_SOURCE) -> dict:
     return {
-        "data_source": DATA_SOURCE,
+        "data_source": data_source,
         "prompt": [{"role": "user", "content": question(ops)}],
         "ability": ABILITY,
         "reward_model": {"style": "rule", "ground_truth": answer(ops)},
@@ -118,7 +161,7 @@ def row(ops, split: str, index: int) -> dict:
 
 def split(spec: ScratchSpec) -> tuple[list[tuple], list[tuple]]:
     """(train, val) problems of the RL data, disjoint, seeded by spec.seed."""
-    kw = {"operands": spec.operands, "operand_range": tuple(spec.operand_range)}
+    kw = {"operands": spec.operand_counts(), "operand_range": tuple(spec.operand_range)}
     val = problems(spec.val_size, seed=spec.seed * 1000 + 2, **kw)
     train = problems(spec.train_size, seed=spec.seed * 1000 + 1, exclude=set(val), **kw)
     return train, val
@@ -176,7 +219,7 @@ def warm_up(spec: ScratchSpec, model_dir: Path, log=print, eval_every: int = 0, 
     def next_batch():
         batch = []
         while len(batch) < spec.warmup_batch:
-            ops = tuple(rng.randint(*spec.operand_range) for _ in range(spec.operands))
+            ops = draw(rng, spec.operand_counts(), spec.operand_range)
             if ops not in exclude:
                 batch.append(ops)
         return supervised_batch(tok, [(question(ops), solution(ops)) for ops in batch])
@@ -184,10 +227,10 @@ def warm_up(spec: ScratchSpec, model_dir: Path, log=print, eval_every: int = 0, 
     def evaluate_and_stop(step: int) -> bool:
         if not (eval_every and step % eval_every == 0 and step >= eval_from and val is not None):
             return False
-        greedy = evaluate(model, tok, val)
-        sampled = evaluate(model, tok, val, temperature=1.0, seed=spec.seed)
+        greedy = evaluate(model, tok, val, max_new_tokens=spec.MAX_RESPONSE_TOKENS)
+        sampled = evaluate(model, tok, val, temperature=1.0, seed=spec.seed, max_new_tokens=spec.MAX_RESPONSE_TOKENS)
         model.train()
-        log(f"[scratchpad]   step {step}: greedy {greedy['accuracy']:.3f} sampled {sampled['accuracy']:.3f} "
+        log(f"[{spec.TASK}]   step {step}: greedy {greedy['accuracy']:.3f} sampled {sampled['accuracy']:.3f} "
             f"length {sampled['mean_response_tokens']:.1f}")
         if checkpoints is not None:  # saved as the final model is (use_cache on)
             model.config.use_cache = True
@@ -195,7 +238,7 @@ def warm_up(spec: ScratchSpec, model_dir: Path, log=print, eval_every: int = 0, 
             model.config.use_cache = False
         return stop_above is not None and sampled["accuracy"] > stop_above
 
-    supervised_warm_up(model, spec, next_batch, log, "scratchpad", after_step=evaluate_and_stop)
+    supervised_warm_up(model, spec, next_batch, log, spec.TASK, after_step=evaluate_and_stop)
     model.save_pretrained(model_dir, safe_serialization=True)
 
 
@@ -208,8 +251,8 @@ def measure(model_dir: Path, spec: ScratchSpec) -> dict:
         tok = AutoTokenizer.from_pretrained(model_dir)
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         val = split(spec)[1]
-        greedy = evaluate(model, tok, val)
-        sampled = evaluate(model, tok, val, temperature=1.0, seed=spec.seed)
+        greedy = evaluate(model, tok, val, max_new_tokens=spec.MAX_RESPONSE_TOKENS)
+        sampled = evaluate(model, tok, val, temperature=1.0, seed=spec.seed, max_new_tokens=spec.MAX_RESPONSE_TOKENS)
     return {"greedy": greedy, "sampled": sampled,
             "parameters": sum(p.numel() for p in model.parameters())}
 
@@ -220,18 +263,18 @@ def _build_into(spec: ScratchSpec, out: Path, source: str | None, log) -> dict:
     started = time.time()
     model_dir = out / "model"
     train, val = split(spec)
-    write_data(out / "data", [row(ops, "train", i) for i, ops in enumerate(train)],
-               [row(ops, "test", i) for i, ops in enumerate(val)])
+    write_data(out / "data", [row(ops, "train", i, spec.DATA_SOURCE) for i, ops in enumerate(train)],
+               [row(ops, "test", i, spec.DATA_SOURCE) for i, ops in enumerate(val)])
     if source is not None:
-        shipped.install("scratchpad", model_dir)
-        log(f"[scratchpad] policy: the shipped one ({source})")
+        shipped.install(spec.TASK, model_dir)
+        log(f"[{spec.TASK}] policy: the shipped one ({source})")
     else:
         tiny_tokenizer.save_tokenizer(model_dir)
         model_config(spec).save_pretrained(model_dir)
         with single_thread():
             warm_up(spec, model_dir, log, val=val)
     measured = measure(model_dir, spec)
-    return {"task": "scratchpad",
+    return {"task": spec.TASK,
             **build_manifest(spec, BUILDER_VERSION, source or "trained", measured["parameters"], started,
                              val_accuracy_greedy=measured["greedy"]["accuracy"],
                              val_accuracy_sampled_t1=measured["sampled"]["accuracy"],
@@ -239,7 +282,7 @@ def _build_into(spec: ScratchSpec, out: Path, source: str | None, log) -> dict:
 
 
 def default_out(spec: ScratchSpec) -> Path:
-    return default_cache_root() / f"scratchpad-{spec.key()}"
+    return default_cache_root() / f"{spec.TASK}-{spec.key()}"
 
 
 def build(out=None, spec: ScratchSpec | None = None, force: bool = False, retrain: bool = False, log=print) -> dict:
@@ -249,6 +292,6 @@ def build(out=None, spec: ScratchSpec | None = None, force: bool = False, retrai
 
     spec = spec or ScratchSpec()
     out = Path(out) if out is not None else default_out(spec)
-    source = None if retrain else shipped.source_for("scratchpad", spec.key())
+    source = None if retrain else shipped.source_for(spec.TASK, spec.key())
     return build_cached(out, spec.key(), source or "trained", lambda folder: _build_into(spec, folder, source, log),
                         force)

@@ -11,7 +11,7 @@ one a policy was shipped for (its build key).
 
 Regenerate (trains with the builder on this machine, single-threaded, then measures and writes the package folder):
 
-    python -m tepo_verl.tiny.shipped regenerate --task addition|scratchpad [--from BUILD_DIR]
+    python -m tepo_verl.tiny.shipped regenerate --task addition|scratchpad|chain [--from BUILD_DIR]
 
 `--from` ships the model of an existing build of the same key (tepo-verl tiny build --retrain --out BUILD_DIR)
 instead of training again.
@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 POLICIES = Path(__file__).resolve().parent / "policies"
-TASKS = ("addition", "scratchpad")
+TASKS = ("addition", "scratchpad", "chain")
 WEIGHTS = "model.safetensors"
 #: The files of a policy folder (the model folder of a build), manifest.json aside.
 FILES = ("config.json", "generation_config.json", WEIGHTS, "tokenizer.json", "tokenizer_config.json",
@@ -107,9 +107,9 @@ def measure(task: str, model_dir: Path) -> dict:
         return {"val_accuracy_greedy": got["greedy"], "val_accuracy_sampled_t1": got["sampled"],
                 "greedy_min_top2_logit_gap": got["gap"], "greedy_responses_sha256": got["responses_sha256"],
                 "parameters": got["parameters"], "val_size": spec.val_size}
-    from tepo_verl.tiny.scratchpad import ScratchSpec, measure as scratch_measure
+    from tepo_verl.tiny.scratchpad import measure as scratch_measure
 
-    spec = ScratchSpec()
+    spec = default_spec(task)
     got = scratch_measure(model_dir, spec)
     return {"val_accuracy_greedy": got["greedy"]["accuracy"], "val_accuracy_sampled_t1": got["sampled"]["accuracy"],
             "val_mean_response_tokens_greedy": got["greedy"]["mean_response_tokens"],
@@ -124,9 +124,9 @@ def default_spec(task: str):
         from tepo_verl.tiny.build import TinySpec
 
         return TinySpec()
-    from tepo_verl.tiny.scratchpad import ScratchSpec
+    from tepo_verl.tiny.scratchpad import ChainSpec, ScratchSpec
 
-    return ScratchSpec()
+    return {"scratchpad": ScratchSpec, "chain": ChainSpec}[task]()
 
 
 def regenerate(task: str, from_dir: Path | None = None, log=print) -> dict:
