@@ -75,6 +75,10 @@ class ScratchSpec(PolicySpec):
     def key(self) -> str:
         return build_key(self, task=self.TASK, builder=BUILDER_VERSION)
 
+    def start_from(self) -> str:
+        """The shipped policy the warm-up starts from ("": a seeded random init)."""
+        return ""
+
     def operand_counts(self) -> int | tuple[int, int]:
         """How many operands a problem has: a number, or an inclusive (fewest, most) range drawn per problem."""
         return self.operands
@@ -97,10 +101,17 @@ class ChainSpec(ScratchSpec):
     min_operands: int = 3
     operands: int = 6
     val_size: int = 256
-    warmup_steps: int = 0  # set from the warm-up curve (docs/results.md)
+    # warm-up: from the shipped scratchpad policy (4 operands), supervised on chains of 3-6 operands for a short
+    # while, so the policy starts with 4-operand chains mostly right and the others mostly wrong (docs/results.md)
+    init_policy: str = "scratchpad"
+    warmup_lr: float = 1e-3
+    warmup_steps: int = 125
 
     def operand_counts(self) -> tuple[int, int]:
         return (self.min_operands, self.operands)
+
+    def start_from(self) -> str:
+        return self.init_policy
 
 
 # ---------------------------------------------------------------------------------------------------- the task
@@ -201,6 +212,25 @@ def responses_sha256(texts: list[str]) -> str:
 
 # ------------------------------------------------------------------------------------------------------ build
 
+def start_policy(spec: ScratchSpec):
+    """The policy the warm-up starts from: a seeded random init, or the shipped policy named by `init_policy`."""
+    init = spec.start_from()
+    if not init:
+        return new_policy(spec)
+    import tempfile
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tepo_verl.tiny import shipped
+
+    with tempfile.TemporaryDirectory() as tmp:
+        shipped.install(init, Path(tmp))
+        model = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32)
+    model.config.use_cache = False
+    return model
+
+
 def warm_up(spec: ScratchSpec, model_dir: Path, log=print, eval_every: int = 0, val=None,
             checkpoints: Path | None = None, stop_above: float | None = None, eval_from: int = 0) -> None:
     """Train the policy from a seeded random init into model_dir (call it under common.single_thread() for a
@@ -212,7 +242,7 @@ def warm_up(spec: ScratchSpec, model_dir: Path, log=print, eval_every: int = 0, 
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
-    model = new_policy(spec)
+    model = start_policy(spec)
     exclude = set(val if val is not None else split(spec)[1])
     rng = random.Random(spec.seed * 1000 + 3)
 
