@@ -70,6 +70,8 @@ def write_run(path, label, seed):
                 if label == "tepo":
                     data["actor/tepo/mask_frac"] = 0.1 * seed
                     data["actor/tepo/masked_kl_mean"] = 0.01 * seed
+                    data["actor/tepo/mask_frac_positive"] = 0.9 - 0.001 * step  # mean over steps 1-20: 0.8895
+                    data["actor/tepo/penalty_grad_ratio"] = 0.02 * seed + (0.01 if step > 10 else 0.0)
             if step % 5 == 0:
                 acc = VAL[(label, seed)][step // 5]
                 data["val-core/gsm/acc/mean@4"] = acc
@@ -128,6 +130,8 @@ def test_per_run_values_and_censoring(tables):
     assert tepo1.best_val_acc == 0.6 and tepo1.final_val_acc == 0.6 and tepo1.val_auc == pytest.approx(0.4375)
     assert tepo1.entropy_start == pytest.approx(0.99) and tepo1.entropy_end == pytest.approx(0.8)
     assert tepo1.kl_mask_fraction == pytest.approx(0.1) and tepo1.masked_kl == pytest.approx(0.01)
+    assert tepo1.mask_share_positive == pytest.approx(0.8895) and tepo1.penalty_strength == pytest.approx(0.025)
+    assert math.isnan(rows.loc[("grpo", 1)].mask_share_positive) and math.isnan(rows.loc[("grpo", 1)].penalty_strength)
     assert tepo1.response_length == pytest.approx(110.5)
     assert tepo1.clip_fraction == pytest.approx(0.1) and math.isnan(rows.loc[("dapo", 1)].clip_fraction)
     dapo2 = rows.loc[("dapo", 2)]  # never reaches 0.5: kept, censored at its last validated step
@@ -261,7 +265,8 @@ def test_command_writes_tables_csv_and_plots(runs_dir, tmp_path, capsys):
     paired = pd.read_csv(out / "compare_paired.csv").set_index(["baseline", "metric"])
     assert paired.loc[("grpo", "steps_to_target"), "mean_difference"] == -7.5
     assert (out / "compare.md").read_text().startswith("Target validation accuracy: 0.5000")
-    for name in ("val_accuracy", "reward", "entropy", "kl_mask_fraction", "masked_kl"):
+    for name in ("val_accuracy", "reward", "entropy", "kl_mask_fraction", "masked_kl", "mask_share_positive",
+                 "penalty_strength"):
         assert (out / f"{name}.png").stat().st_size > 1000
 
 

@@ -4,8 +4,9 @@ Runs with the same label are seeds of one algorithm; the seed number in a run's 
 across algorithms. Per run: steps, rollouts (generated responses) and training wall time to a target validation
 accuracy (a run that never reaches it is censored at its last validated step and flagged), best and final
 validation accuracy, the area under the validation curve normalised by its step span, the entropy at start and
-end (one definition for every algorithm: tepo_verl/entropy_token_mean), response length, KL-mask fraction,
-masked KL and clipped fraction. Per algorithm: the seed mean of each, with a 95% percentile-bootstrap interval
+end (one definition for every algorithm: tepo_verl/entropy_token_mean), response length, KL-mask fraction, the
+share of positive-advantage tokens the mask selects, masked KL, the penalty's strength (its mean |gradient| over
+the policy term's, on masked tokens) and clipped fraction. Per algorithm: the seed mean of each, with a 95% percentile-bootstrap interval
 for CI_METRICS (the to-target quantities, the accuracies, the curve's area and the final entropy). Per baseline:
 the per-seed paired difference of the reference algorithm (TEPO) minus the baseline, with its bootstrap interval and
 the two-sided p-value of a sign-flip permutation test (exact up to EXACT_PAIRS pairs). With few seeds the
@@ -31,7 +32,9 @@ from tepo_verl.report.runs import (
     CLIP_FRAC,
     ENTROPY,
     MASK_FRAC,
+    MASK_FRAC_POSITIVE,
     MASKED_KL,
+    PENALTY_GRAD_RATIO,
     RESPONSE_LENGTH,
     RESPONSES_GENERATED,
     REWARD,
@@ -47,13 +50,18 @@ PLOTS = {
     "entropy": ("old-policy entropy, token-mean (tepo_verl/entropy_token_mean)", lambda run: run.series(ENTROPY)),
     "kl_mask_fraction": ("TEPO KL-mask fraction (actor/tepo/mask_frac)", lambda run: run.series(MASK_FRAC)),
     "masked_kl": ("TEPO masked KL (actor/tepo/masked_kl_mean)", lambda run: run.series(MASKED_KL)),
+    "mask_share_positive": ("TEPO: share of positive-advantage tokens masked (actor/tepo/mask_frac_positive)",
+                            lambda run: run.series(MASK_FRAC_POSITIVE)),
+    "penalty_strength": ("TEPO: penalty / policy-term mean |gradient| on masked tokens (actor/tepo/penalty_grad_ratio)",
+                         lambda run: run.series(PENALTY_GRAD_RATIO)),
 }
 
 #: Per-run quantities that get a seed mean with a bootstrap interval, and a paired difference against the reference.
 CI_METRICS = ["steps_to_target", "rollouts_to_target", "wall_s_to_target", "best_val_acc", "final_val_acc",
               "val_auc", "entropy_end"]
 #: Per-run quantities that get a plain seed mean.
-MEANS = ["entropy_start", "response_length", "kl_mask_fraction", "masked_kl", "clip_fraction"]
+MEANS = ["entropy_start", "response_length", "kl_mask_fraction", "mask_share_positive", "masked_kl",
+         "penalty_strength", "clip_fraction"]
 #: The per-algorithm table's columns after the run counts.
 SUMMARY_COLUMNS = [*CI_METRICS[:-1], "entropy_start", "entropy_end", *MEANS[1:]]
 TO_TARGET = ("steps_to_target", "rollouts_to_target", "wall_s_to_target")
@@ -127,7 +135,9 @@ def run_row(run: Run, target: float) -> dict:
         "entropy_end": entropy_end,
         "response_length": _mean_of(run.series(RESPONSE_LENGTH)),
         "kl_mask_fraction": _mean_of(run.series(MASK_FRAC)),
+        "mask_share_positive": _mean_of(run.series(MASK_FRAC_POSITIVE)),
         "masked_kl": _mean_of(run.series(MASKED_KL)),
+        "penalty_strength": _mean_of(run.series(PENALTY_GRAD_RATIO)),
         "clip_fraction": _mean_of(run.series(CLIP_FRAC)),
     }
 

@@ -23,6 +23,10 @@ CHECKPOINT_TIME = "timing_s/save_checkpoint"  # verl: inside timing_s/step; subt
 CLIP_FRAC = "actor/pg_clipfrac"
 MASK_FRAC = "actor/tepo/mask_frac"
 MASKED_KL = "actor/tepo/masked_kl_mean"
+#: TEPO: the share of positive-advantage tokens that the KL mask selects
+MASK_FRAC_POSITIVE = "actor/tepo/mask_frac_positive"
+#: TEPO: mean |d penalty / d l| over mean |d policy term / d l| on the masked tokens (the penalty's strength)
+PENALTY_GRAD_RATIO = "actor/tepo/penalty_grad_ratio"
 VAL_CORE = re.compile(r"^val-core/(?P<source>.+)/(?P<var>acc|reward)/mean@\d+$")
 
 _SEED_SUFFIX = re.compile(r"[-_.]?(seed|s)(?P<seed>\d+)$")
