@@ -94,7 +94,8 @@ def test_make_targets_set_up_a_fresh_venv_then_run(target, runs, tmp_path):
     text = "\n".join(lines)
     assert f"python3 -m venv {venv}" in text  # created when missing
     order = [next(i for i, line in enumerate(lines) if needle in line) for needle in
-             ("pip install -q --disable-pip-version-check torch==2.13.0", "pip install -q --disable-pip-version-check -e '.[test]'",
+             ("pip install --disable-pip-version-check --progress-bar off torch==2.13.0",
+              "pip install --disable-pip-version-check --progress-bar off -e '.[test]'",
               "bash tepo_verl/cpu/install_cpu.sh", "touch", runs)]
     assert order == sorted(order), lines  # torch, the package, the CPU stack, the stamp, then the job
     # the job runs as in an activated venv: recipes and tests that start `python` by name get this one
