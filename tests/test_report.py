@@ -35,7 +35,7 @@ from tepo_verl.report.compare import (
 from tepo_verl.report.runs import RunError, default_label, load_runs
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-PRESETS = ["tepo", "tepo_nomask", "gspo", "grpo", "dapo"]
+PRESETS = ["tepo", "tepo_nomask", "gspo", "grpo", "dapo", "gmpo", "kl_cov"]
 
 VAL = {  # label, seed -> validation accuracy at steps 0, 5, 10, 15, 20 (target 0.5 in the tests)
     ("tepo", 1): [0.1, 0.3, 0.5, 0.6, 0.6],  # reaches 0.5 at step 10
@@ -357,12 +357,14 @@ def readme_preset_differences() -> tuple[list[str], dict[str, list[str]]]:
 def test_readme_lists_exactly_the_keys_in_which_the_presets_differ():
     from verl_config import compose_config
 
+    from tepo_verl.demo import presets as demo_presets
+
     configs = {p: _leaves(OmegaConf.to_container(compose_config([f"+algorithm={p}"]), resolve=True))
                for p in PRESETS}
     keys = set().union(*configs.values())
     differing = {key: [_text(configs[p][key]) if key in configs[p] else "—" for p in PRESETS]
                  for key in sorted(keys) if len({repr(configs[p].get(key, KeyError)) for p in PRESETS}) > 1}
     presets, table = readme_preset_differences()
-    assert presets == PRESETS
+    assert presets == PRESETS and sorted(PRESETS) == demo_presets()  # every shipped preset, in the table's order
     assert "actor_rollout_ref.actor.clip_ratio_c" in differing and "algorithm.filter_groups.enable" in differing
     assert table == differing
