@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 from tepo_verl.report.compare import (
+    CONFIDENCE,
     auto_target,
     bootstrap_ci,
     default_reference,
@@ -206,6 +207,34 @@ def test_bootstrap_interval_properties():
     assert bootstrap_ci([0.0, 1.0]) == (0.0, 1.0)  # resampled means 0, 0.5, 1 with probabilities 1/4, 1/2, 1/4
     assert bootstrap_ci([3.0, 3.0, 3.0]) == (3.0, 3.0)
     assert all(math.isnan(v) for v in bootstrap_ci([3.0])) and all(math.isnan(v) for v in bootstrap_ci([None, 1]))
+
+
+def test_bootstrap_interval_is_the_95_percent_percentile_interval():
+    """The level is pinned: with five values every one of the 5**5 resamples can be enumerated, so the exact
+    percentile-bootstrap interval is known; the default call matches it (and scipy's percentile bootstrap) within
+    the Monte Carlo error, and the 80% and 99% intervals are far from it."""
+    from itertools import product
+
+    from scipy import stats
+
+    values = np.array([0.0, 1.0, 3.0, 7.0, 15.0])
+    exact_means = np.array([values[list(pick)].mean() for pick in product(range(5), repeat=5)])  # all 3125
+
+    def exact(level):
+        return tuple(np.quantile(exact_means, [(1 - level) / 2, 1 - (1 - level) / 2]))
+
+    tolerance = 0.15  # Monte Carlo error of 200k resamples on means that range over 0..15
+    assert CONFIDENCE == 0.95
+    ours = bootstrap_ci(values, n_resamples=200_000)
+    np.testing.assert_allclose(ours, exact(0.95), atol=tolerance)
+    theirs = stats.bootstrap((values,), np.mean, confidence_level=0.95, method="percentile", n_resamples=200_000,
+                             random_state=0).confidence_interval
+    np.testing.assert_allclose(ours, (theirs.low, theirs.high), atol=tolerance)
+    # the level matters here: an end of the 80% and of the 99% interval lies well outside the tolerance
+    for other in (0.8, 0.99):
+        assert np.abs(np.subtract(exact(other), exact(0.95))).max() > 4 * tolerance, other
+        np.testing.assert_allclose(bootstrap_ci(values, confidence=other, n_resamples=200_000), exact(other),
+                                   atol=tolerance)
 
 
 def slow_sign_flip_p(differences) -> float:
