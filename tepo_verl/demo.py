@@ -8,7 +8,10 @@ Each run is `recipes/cpu.sh` (python -m verl.trainer.main_ppo with a tepo-verl p
 rollout, on CPU). verl's whole output goes to the run's folder (console.log, beside metrics.jsonl and the saved
 validation generations); the console shows one line per training step or validation, read from verl's
 file-logger JSONL as it grows: step k/N, mean training reward and validation accuracy (and, for DAPO, how many
-groups dynamic sampling threw away and regenerated). The end is `tepo-verl compare` over the runs.
+groups dynamic sampling threw away and regenerated). The end is `tepo-verl compare` over the runs, then what those
+numbers can and cannot say: six steps of a 150k-parameter model show the machinery, not a ranking; the committed
+study's headline (its best validation accuracy per arm, computed here from its committed runs with
+tepo_verl.report) and the path of its validation plot.
 """
 
 from __future__ import annotations
@@ -28,6 +31,11 @@ PRESET_DIR = Path(__file__).resolve().parent / "config" / "algorithm"
 DEFAULT_ALGOS = ("tepo", "grpo", "dapo")
 REWARD = "critic/score/mean"
 EVICTED = "training/filter_groups/evicted_samples"
+#: The committed studies the demo quotes, in order of preference: the first with finished runs of its main
+#: comparison is quoted. Each is benchmarks/results/<name>/ with run folders <arm>-seed<k>/ (metrics.jsonl,
+#: run.json), study.json, and compare/main/ (the main arms' comparison: compare.csv, val_accuracy.png).
+STUDIES = ("cpu-fp32", "cpu-scratchpad")
+STUDY_ROOT = REPO / "benchmarks" / "results"
 #: Columns of the comparison's per-algorithm CSV shown on the console (all of them are in compare.md).
 SUMMARY_COLUMNS = [
     ("algorithm", "algorithm"), ("steps", "steps"), ("best_val_acc", "best val acc"),
@@ -208,6 +216,59 @@ def compare(run_dirs: list[Path], out: Path, env: dict[str, str]) -> int:
     return 0
 
 
+def study_runs(folder: Path) -> list[Path]:
+    """The finished run folders of the study's main comparison (its arms: compare/main/compare.csv)."""
+    table = folder / "compare" / "main" / "compare.csv"
+    if not table.is_file():
+        return []
+    with open(table, newline="") as handle:
+        arms = {row["algorithm"] for row in csv.DictReader(handle)}
+    runs = []
+    for run_json in sorted(folder.glob("*/run.json")):
+        record = json.loads(run_json.read_text())
+        if record.get("status") == "finished" and record.get("arm") in arms and \
+                (run_json.parent / "metrics.jsonl").is_file():
+            runs.append(run_json.parent)
+    return runs
+
+
+def study_headline(studies=STUDIES, root: Path = STUDY_ROOT) -> list[str]:
+    """The committed study's headline: per main arm, the best validation accuracy's seed mean and 95% bootstrap
+    interval, from its runs (tepo_verl.report), and the path of its validation plot. [] when no study has runs."""
+    from tepo_verl.report.compare import CONFIDENCE, auto_target, per_run_table, summarize
+    from tepo_verl.report.runs import load_runs
+
+    for name in studies:
+        folder = root / name
+        runs = study_runs(folder)
+        if runs:
+            break
+    else:
+        return []
+    loaded = load_runs([str(path) for path in runs])
+    summary = summarize(per_run_table(loaded, auto_target(loaded)))  # best_val_acc does not depend on the target
+    regime = json.loads((folder / "study.json").read_text()).get("regime", {}) if (folder / "study.json").is_file() \
+        else {}
+    seeds = sorted({int(n) for n in summary["seeds"]})
+    setting = ", ".join(part for part in (f"{regime['TASK']} task" if "TASK" in regime else "",
+                                          f"{regime['STEPS']} steps" if "STEPS" in regime else "",
+                                          f"{'-'.join(map(str, seeds))} seeds per arm") if part)
+    arms = ", ".join(f"{row.algorithm} {row.best_val_acc:.3f} [{row.best_val_acc_ci_low:.3f}, "
+                     f"{row.best_val_acc_ci_high:.3f}]" for row in summary.itertuples())
+    plot = folder / "compare" / "main" / "val_accuracy.png"
+    return [f"The committed study ({_show(folder)}: {setting}), best validation accuracy, seed mean "
+            f"[{CONFIDENCE:.0%} interval]: {arms} (the whole comparison: docs/results.md)",
+            f"Its validation curves: {_show(plot) if plot.is_file() else '(no plot committed)'}"]
+
+
+def context_lines(steps: int, parameters: int | None) -> list[str]:
+    """What the demo's numbers mean: a caveat, then the committed study's headline."""
+    size = f"{parameters / 1000:.0f}k-parameter" if parameters else "tiny"
+    caveat = (f"These runs show verl's trainer running each algorithm; {steps} steps of a {size} model cannot rank "
+              f"algorithms: that takes tens of steps and several seeds.")
+    return [caveat, *study_headline()]
+
+
 def check_stack() -> str | None:
     """None when the tested CPU stack is installed, else why not (one line)."""
     check = subprocess.run([sys.executable, "-m", "tepo_verl.cpu.versions"], capture_output=True, text=True)
@@ -217,8 +278,8 @@ def check_stack() -> str | None:
     return f"the CPU stack is not the tested one ({reason}); `make demo` installs it, or: bash tepo_verl/cpu/install_cpu.sh"
 
 
-def prepare_tiny() -> str:
-    """Set up (once) or reuse the tiny model and task; returns a one-line description."""
+def prepare_tiny() -> tuple[str, int | None]:
+    """Set up (once) or reuse the tiny model and task; returns a one-line description and its parameter count."""
     dry = subprocess.run([sys.executable, "-m", "tepo_verl.tiny", "build", "--dry-run"], capture_output=True,
                          text=True)
     if dry.returncode == 0 and not json.loads(dry.stdout).get("built"):
@@ -229,7 +290,8 @@ def prepare_tiny() -> str:
         raise RuntimeError(f"the tiny build failed:\n{build.stderr[-2000:]}")
     manifest = json.loads((Path(build.stdout.strip()) / "manifest.json").read_text())
     return (f"[tiny] {manifest['parameters']:,}-parameter Qwen2, warm-up accuracy "
-            f"{manifest['val_accuracy_sampled_t1']:.3f} (sampled), {manifest['spec']['val_size']} validation problems")
+            f"{manifest['val_accuracy_sampled_t1']:.3f} (sampled), {manifest['spec']['val_size']} validation "
+            f"problems"), manifest["parameters"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -254,7 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"tepo-verl demo: {', '.join(algos)} on the tiny addition task, {args.steps} steps each, seed {args.seed}; "
           f"runs in {_show(args.runs_root.resolve())}", flush=True)
     try:
-        print(prepare_tiny(), flush=True)
+        tiny, parameters = prepare_tiny()
+        print(tiny, flush=True)
     except RuntimeError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
@@ -269,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     code = compare(run_dirs, args.runs_root.resolve() / "compare", env)
+    if code == 0:
+        print("\n" + "\n".join(context_lines(args.steps, parameters)))
     print(f"\ntepo-verl demo: {len(run_dirs)} runs in {time.monotonic() - started:.0f} s", flush=True)
     return code
 

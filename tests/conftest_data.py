@@ -8,6 +8,7 @@ something absent skip the calling test with the reason, except under CI=true, wh
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 from pathlib import Path
@@ -40,6 +41,15 @@ def skip_or_fail(reason: str) -> None:
     if in_ci():
         pytest.fail(f"CI=true and {reason}", pytrace=False)
     pytest.skip(f"{reason} (a smaller test set on this machine; CI=true fails instead)")
+
+
+def require_module(name: str, why: str = ""):
+    """The module `name`, imported; when it is not installed (or does not import), skip_or_fail: the one rule, where
+    pytest.importorskip would skip under CI=true too."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as error:
+        skip_or_fail(f"{name} does not import ({error})" + (f": {why}" if why else ""))
 
 
 def math_eval_dir() -> Path:

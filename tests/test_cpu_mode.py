@@ -11,7 +11,7 @@ import types
 import zipfile
 
 import pytest
-from conftest_data import skip_or_fail
+from conftest_data import require_module, skip_or_fail
 
 from tepo_verl import cpu
 from tepo_verl.cpu import patches, versions
@@ -83,7 +83,7 @@ def test_disabled_by_default():
 
 def test_unset_env_leaves_verl_untouched():
     """With TEPO_VERL_CPU unset, importing verl + the plugin (and even calling the hook) changes nothing."""
-    pytest.importorskip("verl")
+    require_module("verl")
     out = _probe(_env(PROBE_CALL_HOOK="1"))
     assert "cpu" not in out["platforms"], out
     assert out["init_same"] and not out["init_patched"], out
@@ -95,7 +95,7 @@ def test_unset_env_leaves_verl_untouched():
 
 
 def test_enabled_registers_platform_and_patches():
-    pytest.importorskip("verl")
+    require_module("verl")
     if versions.mismatches():
         skip_or_fail("the tested CPU stack is not installed: " + "; ".join(versions.mismatches()))
     out = _probe(_env(TEPO_VERL_CPU="1", PROBE_CALL_HOOK="1"))
@@ -191,7 +191,7 @@ def test_init_process_group_wrapper():
 
 
 def test_shared_memory_close_tolerates_exported_views():
-    torch = pytest.importorskip("torch")
+    torch = require_module("torch")
     shm = patches._tolerant_create_shared_memory(1024, f"tepo_test_{os.getpid()}")
     try:
         tensor, reader = patches._tolerant_rebuild_shared_memory(shm.name, 1024)
@@ -212,7 +212,7 @@ def test_bucketed_transfer_patch_on_fake_module():
 
 
 def test_vllm_gemm_patch_keeps_weight_and_uses_plain_linear():
-    torch = pytest.importorskip("torch")
+    torch = require_module("torch")
     calls = []
 
     def stock(layer, remove_weight):
@@ -236,7 +236,7 @@ def test_vllm_gemm_patch_keeps_weight_and_uses_plain_linear():
 
 
 def test_offload_policy_without_pinning():
-    fsdp = pytest.importorskip("torch.distributed.fsdp")
+    fsdp = require_module("torch.distributed.fsdp")
     fake = types.SimpleNamespace(CPUOffloadPolicy=fsdp.CPUOffloadPolicy)
     patches.patch_fsdp_offload_policy(fake)
     policy = fake.CPUOffloadPolicy(pin_memory=True)
@@ -272,8 +272,8 @@ def test_post_import_hook(tmp_path, monkeypatch):
 
 
 def test_platform_contract():
-    pytest.importorskip("verl")
-    torch = pytest.importorskip("torch")
+    require_module("verl")
+    torch = require_module("torch")
     from tepo_verl.cpu.platform import PlatformCPU
 
     p = PlatformCPU()

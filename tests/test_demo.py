@@ -4,12 +4,17 @@ and in `make demo`)."""
 
 from __future__ import annotations
 
+import csv
 import json
 import textwrap
 
 import pytest
 
 from tepo_verl import demo
+
+#: `make demo` prints at most 60 lines in all on a fresh clone; the set-up's share is one line per stage
+#: (tests/test_quiet_setup.py), four.
+DEMO_LINE_BUDGET = 60 - 4
 
 FAKE_RECIPE = textwrap.dedent(
     """\
@@ -40,7 +45,7 @@ def fake_recipe(tmp_path, monkeypatch):
     script.write_text(FAKE_RECIPE)
     monkeypatch.setattr(demo, "RECIPE", script)
     monkeypatch.setattr(demo, "check_stack", lambda: None)
-    monkeypatch.setattr(demo, "prepare_tiny", lambda: "[tiny] stand-in")
+    monkeypatch.setattr(demo, "prepare_tiny", lambda: ("[tiny] stand-in", 149_568))
     monkeypatch.chdir(tmp_path)
     return script
 
@@ -68,7 +73,7 @@ def test_records_wait_for_complete_lines(tmp_path):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--algos", "tepo,ppo"], "unknown algorithm 'ppo' in --algos; valid: dapo, grpo, gspo, tepo, tepo_nomask"),
+        (["--algos", "tepo,ppo"], "unknown algorithm 'ppo' in --algos; valid: dapo, gmpo, grpo, gspo, kl_cov, tepo, tepo_nomask"),
         (["--algos", ","], "--algos names no preset"),
         (["--algos", "tepo,tepo"], "--algos repeats a preset"),
     ],
@@ -93,15 +98,16 @@ def test_missing_cpu_stack_is_one_line(monkeypatch, capsys):
 
 
 def test_whole_driver_with_a_stand_in_recipe(fake_recipe, tmp_path, capsys):
-    """Three runs, one line per logged step, the compact comparison table and the plot paths, in few lines."""
-    assert demo.main(["--steps", "4", "--test-freq", "2", "--runs-root", "runs"]) == 0
+    """Three runs of the default six steps, one line per logged step, the compact comparison table and the plot
+    paths, then what the numbers mean, in few lines."""
+    assert demo.main(["--runs-root", "runs"]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
     for algo in ("tepo", "grpo", "dapo"):
         steps = [line for line in lines if line.startswith(f"[{algo}] step ")]
-        assert [line.split()[2] for line in steps] == [f"{k}/4" for k in range(5)], steps
+        assert [line.split()[2] for line in steps] == [f"{k}/6" for k in range(7)], steps
         assert "val acc 0.250 (before training)" in steps[0]
-        assert "val acc 0.31" in steps[2] and "val acc" not in steps[1] and "val acc 0.33" in steps[4]
+        assert "val acc 0.32" in steps[3] and "val acc" not in steps[1] and "val acc 0.35" in steps[6]
         assert f"[{algo}] done in" in out
         assert (tmp_path / "runs" / f"{algo}-seed1" / "console.log").exists()  # verl's output went to the run
     assert "regenerated 8 all-equal groups" in out
@@ -111,9 +117,51 @@ def test_whole_driver_with_a_stand_in_recipe(fake_recipe, tmp_path, capsys):
     rows = {line.split()[0] for line in lines[table_start + 2: table_start + 5]}
     assert rows == {"tepo", "grpo", "dapo"}
     assert (tmp_path / "runs" / "compare" / "compare.csv").exists()
-    plots = next(line for line in lines if line.startswith("Plots: "))
-    assert "val_accuracy.png" in plots
-    assert len(lines) <= 60, out
+    plots = lines.index(next(line for line in lines if line.startswith("Plots: ")))
+    assert "val_accuracy.png" in lines[plots]
+    # then the context: six steps cannot rank; the committed study's headline and plot
+    context = lines[plots + 2: plots + 5]
+    assert context[0].startswith("These runs show verl's trainer running each algorithm; 6 steps of a "
+                                 "150k-parameter model cannot rank algorithms"), context
+    assert context[1].startswith("The committed study (") and context[2].startswith("Its validation curves: ")
+    assert len(lines) <= DEMO_LINE_BUDGET, out
+
+
+def _selected_study():
+    return next(demo.STUDY_ROOT / name for name in demo.STUDIES if demo.study_runs(demo.STUDY_ROOT / name))
+
+
+def test_the_study_headline_is_computed_from_the_committed_runs():
+    """The headline's numbers are the committed study's main comparison (its compare.csv, written by the study
+    runner from the same runs), recomputed here from the runs themselves, and the plot is the committed one."""
+    study = _selected_study()
+    headline, plot = demo.study_headline()
+    assert f"({study.relative_to(demo.REPO)}: " in headline or f"({study}: " in headline
+    with open(study / "compare" / "main" / "compare.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) >= 2
+    for row in rows:
+        cell = (f"{row['algorithm']} {float(row['best_val_acc']):.3f} [{float(row['best_val_acc_ci_low']):.3f}, "
+                f"{float(row['best_val_acc_ci_high']):.3f}]")
+        assert cell in headline, (cell, headline)
+    seeds = {int(row["seeds"]) for row in rows}
+    assert f"{'-'.join(map(str, sorted(seeds)))} seeds per arm" in headline
+    assert plot.endswith("compare/main/val_accuracy.png") and (study / "compare" / "main" / "val_accuracy.png").is_file()
+
+
+def test_the_headline_falls_back_to_the_next_study_until_the_first_has_runs(tmp_path):
+    fallback = demo.STUDY_ROOT / demo.STUDIES[-1]
+    assert demo.study_runs(fallback), f"the fallback study {fallback} has no finished runs"
+    (tmp_path / "new" / "compare" / "main").mkdir(parents=True)
+    (tmp_path / "new" / "compare" / "main" / "compare.csv").write_text("algorithm,seeds\ntepo,1\n")
+    (tmp_path / "new" / "tepo-seed1").mkdir()
+    (tmp_path / "new" / "tepo-seed1" / "run.json").write_text('{"arm": "tepo", "status": "running"}')
+    (tmp_path / "old").symlink_to(fallback)
+    headline = demo.study_headline(("new", "old"), root=tmp_path)
+    assert len(headline) == 2 and f"({tmp_path / 'old'}: " in headline[0], headline
+    assert demo.study_headline(("new", "missing"), root=tmp_path) == []  # no study with runs: no headline
+    lines = demo.context_lines(6, None)
+    assert lines[0].startswith("These runs show verl's trainer running each algorithm; 6 steps of a tiny model")
 
 
 def test_a_failed_run_stops_with_its_log_tail(fake_recipe, monkeypatch, capsys):

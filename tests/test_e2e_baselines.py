@@ -1,6 +1,6 @@
-"""End to end: the baselines of the comparison, GRPO and DAPO, run through verl's real trainer on CPU
-(recipes/cpu.sh with `ALGO=grpo` and `ALGO=dapo`), checked from verl's own logs. The results page and
-`tepo-verl demo` depend on both.
+"""End to end: the baselines of the comparison, GRPO, DAPO, GMPO and KL-Cov, run through verl's real trainer on
+CPU (recipes/cpu.sh with `ALGO=grpo`, `dapo`, `gmpo`, `kl_cov`), checked from verl's own logs. The results page and
+`tepo-verl demo` depend on the first two.
 
 - GRPO keeps a reference model for its KL loss; on CPU the reference worker runs with FSDP2's CPU offload
   (the CPU mode's fix), and the KL loss against it must be logged, finite, on every step.
@@ -8,6 +8,10 @@
   regenerates them. On the tiny task the warmed-up policy is right about a quarter of the time, so with 4
   samples per prompt about a third of the groups are all wrong: every step of the 3 has had evictions in our
   runs, and the test needs only one.
+
+- GMPO (verl's `geo_mean`) and KL-Cov (verl's `kl_cov`) run their own loss in the actor: the trainer's config
+  selects it, and each logs that loss's own metrics (KL-Cov: the mean |log-ratio| and no clip fraction, since it
+  clips nothing; the `vanilla` loss would log one).
 
 About 2 minutes each on 2 cores. Skips with the reason without the tested CPU stack; fails instead under CI=true.
 """
@@ -45,6 +49,16 @@ def grpo_run(tmp_path_factory):
 @pytest.fixture(scope="module")
 def dapo_run(tmp_path_factory):
     return run_recipe(tmp_path_factory.mktemp("dapo") / "dapo-seed1", "dapo", STEPS)
+
+
+@pytest.fixture(scope="module")
+def gmpo_run(tmp_path_factory):
+    return run_recipe(tmp_path_factory.mktemp("gmpo") / "gmpo-seed1", "gmpo", STEPS)
+
+
+@pytest.fixture(scope="module")
+def kl_cov_run(tmp_path_factory):
+    return run_recipe(tmp_path_factory.mktemp("kl_cov") / "kl_cov-seed1", "kl_cov", STEPS)
 
 
 def _validated(run) -> list[int]:
@@ -86,3 +100,44 @@ def test_dapo_dynamic_sampling_regenerates_all_equal_groups(dapo_run):
         assert math.isfinite(data["actor/pg_loss"]) and data["actor/grad_norm"] > 0, step
         # every group that was trained on has a reward spread, so its advantages are not all zero
         assert data["critic/advantages/max"] > 0 > data["critic/advantages/min"], step
+
+
+def _trained_every_step(run) -> None:
+    assert [r["step"] for r in run["logged"]] == list(range(STEPS + 1))
+    assert _validated(run) == [0, STEPS]
+    for record in run["records"]:
+        data, step = record["data"], record["step"]
+        assert math.isfinite(data["actor/pg_loss"]) and data["actor/grad_norm"] > 0, step
+        assert "timing_s/ref" not in data, step  # no KL to a reference: no reference pass
+        assert not any("tepo/" in key for key in data), f"step {step} ran the TEPO loss"
+    assert "[tepo-verl] WARNING: the actor's log-probs" not in run["console"]  # clip ranges far above bf16's step
+
+
+def test_gmpo_runs_verls_geo_mean_loss(gmpo_run):
+    console = gmpo_run["console"]
+    assert re.search(r"'loss_mode': 'geo_mean'", console), "the trainer's config does not select geo_mean"
+    assert re.search(r"'clip_ratio_low': 0\.4", console) and re.search(r"'clip_ratio_high': 0\.4", console)
+    _trained_every_step(gmpo_run)
+    for record in gmpo_run["records"]:
+        data, step = record["data"], record["step"]
+        # geo_mean's metrics: the shares of tokens whose log-ratio left [-0.4, 0.4], by the advantage's sign
+        for name in ("actor/pg_clipfrac", "actor/pg_clipfrac_lower"):
+            assert 0.0 <= data[name] <= 1.0, (step, name, data.get(name))
+        assert math.isfinite(data["actor/ppo_kl"]), step
+
+
+def test_kl_cov_runs_verls_kl_cov_loss(kl_cov_run):
+    console = kl_cov_run["console"]
+    assert re.search(r"'loss_mode': 'kl_cov'", console), "the trainer's config does not select kl_cov"
+    assert re.search(r"'kl_cov_ratio': 0\.002", console) and re.search(r"'ppo_kl_coef': 1\.0", console)
+    _trained_every_step(kl_cov_run)
+    moved = []
+    for record in kl_cov_run["records"]:
+        data, step = record["data"], record["step"]
+        # kl_cov logs one metric of its own, the mean |log-ratio| (never negative), and no clip fraction: the
+        # vanilla loss logs pg_clipfrac and a signed ppo_kl
+        assert not any(key.endswith("pg_clipfrac") or key.endswith("pg_clipfrac_lower") for key in data), step
+        assert data["actor/ppo_kl"] >= 0.0, (step, data["actor/ppo_kl"])
+        moved.append(data["actor/ppo_kl"])
+    # the second mini-batch of each step is off-policy, so the policy has moved there
+    assert any(value > 0 for value in moved), moved

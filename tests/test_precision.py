@@ -83,7 +83,8 @@ def _loss(config, batch, dtype):
 
 
 def test_bf16_log_probs_make_gspo_and_tepo_nomask_clip_differently(monkeypatch):
-    """Identical on float32 log-probs; on bf16 ones verl's GSPO clips on bf16 ratios and TEPO on upcast ones."""
+    """Identical on float32 log-probs; on bf16 ones verl's GSPO clips on bf16 ratios and TEPO on upcast ones:
+    TEPO's bf16 result is exactly its float32 result on the bf16-rounded log-probs."""
     monkeypatch.setattr(actor_loss, "_PRECISION_CHECKED", True)
     tepo = actor_config(["+algorithm=tepo_nomask", *GSPO_CLIP])
     gspo = actor_config(["actor_rollout_ref.actor.policy_loss.loss_mode=gspo", *GSPO_CLIP])
@@ -95,6 +96,15 @@ def test_bf16_log_probs_make_gspo_and_tepo_nomask_clip_differently(monkeypatch):
     t16, g16 = _loss(tepo, batch, torch.bfloat16), _loss(gspo, batch, torch.bfloat16)
     assert t16[2] != pytest.approx(g16[2])  # different tokens clip
     assert not torch.allclose(t16[1], g16[1], rtol=1e-2, atol=1e-4)  # and the gradients differ
+    # TEPO upcasts before any arithmetic: its bf16 result is the float32 loss on the bf16-rounded log-probs (the
+    # gradient then rounded back to the log-probs' bf16), so all it loses is the rounding of its input
+    rounded = dataclasses.replace(batch, log_prob=batch.log_prob.detach().to(torch.bfloat16).float(),
+                                  old_log_prob=batch.old_log_prob.to(torch.bfloat16).float())
+    r32 = _loss(tepo, rounded, torch.float32)
+    assert torch.equal(t16[0], r32[0])
+    assert torch.equal(t16[1], r32[1].to(torch.bfloat16).double())
+    assert t16[2] == r32[2]
+    assert not torch.equal(r32[0], t32[0])  # the rounding itself did change the loss: the case is not trivial
 
 
 def test_the_adapter_warns_once_per_process_for_any_loss_mode(monkeypatch, capsys):

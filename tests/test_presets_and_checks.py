@@ -38,6 +38,17 @@ PRESETS = {
              "actor_rollout_ref.actor.clip_ratio_low": 0.2, "actor_rollout_ref.actor.clip_ratio_high": 0.28,
              "actor_rollout_ref.actor.loss_agg_mode": "token-mean", "actor_rollout_ref.actor.use_kl_loss": False,
              "algorithm.filter_groups.enable": True, "algorithm.filter_groups.max_num_gen_batches": 0},
+    # verl's GMPO example (examples/gmpo_trainer): geo_mean, log-space clip 0.4 / 0.4, no KL
+    "gmpo": {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.actor.policy_loss.loss_mode": "geo_mean",
+             "actor_rollout_ref.actor.clip_ratio_low": 0.4, "actor_rollout_ref.actor.clip_ratio_high": 0.4,
+             "actor_rollout_ref.actor.use_kl_loss": False, "algorithm.filter_groups.enable": False},
+    # verl's entropy recipe (recipe/entropy, 7B KL-Cov): kl_cov on 0.2% of tokens, coefficient 1, token-mean, no KL
+    "kl_cov": {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.actor.policy_loss.loss_mode": "kl_cov",
+               "actor_rollout_ref.actor.policy_loss.kl_cov_ratio": 0.002,
+               "actor_rollout_ref.actor.policy_loss.ppo_kl_coef": 1.0,
+               "actor_rollout_ref.actor.clip_ratio_low": 0.2, "actor_rollout_ref.actor.clip_ratio_high": 0.2,
+               "actor_rollout_ref.actor.loss_agg_mode": "token-mean", "actor_rollout_ref.actor.use_kl_loss": False,
+               "algorithm.filter_groups.enable": False},
 }
 
 #: Keys every preset sets, so that a comparison differs in the preset alone.

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 from tepo_verl.report.compare import (
+    CONFIDENCE,
     auto_target,
     bootstrap_ci,
     default_reference,
@@ -35,7 +36,7 @@ from tepo_verl.report.compare import (
 from tepo_verl.report.runs import RunError, default_label, load_runs
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-PRESETS = ["tepo", "tepo_nomask", "gspo", "grpo", "dapo"]
+PRESETS = ["tepo", "tepo_nomask", "gspo", "grpo", "dapo", "gmpo", "kl_cov"]
 
 VAL = {  # label, seed -> validation accuracy at steps 0, 5, 10, 15, 20 (target 0.5 in the tests)
     ("tepo", 1): [0.1, 0.3, 0.5, 0.6, 0.6],  # reaches 0.5 at step 10
@@ -212,6 +213,34 @@ def test_bootstrap_interval_properties():
     assert all(math.isnan(v) for v in bootstrap_ci([3.0])) and all(math.isnan(v) for v in bootstrap_ci([None, 1]))
 
 
+def test_bootstrap_interval_is_the_95_percent_percentile_interval():
+    """The level is pinned: with five values every one of the 5**5 resamples can be enumerated, so the exact
+    percentile-bootstrap interval is known; the default call matches it (and scipy's percentile bootstrap) within
+    the Monte Carlo error, and the 80% and 99% intervals are far from it."""
+    from itertools import product
+
+    from scipy import stats
+
+    values = np.array([0.0, 1.0, 3.0, 7.0, 15.0])
+    exact_means = np.array([values[list(pick)].mean() for pick in product(range(5), repeat=5)])  # all 3125
+
+    def exact(level):
+        return tuple(np.quantile(exact_means, [(1 - level) / 2, 1 - (1 - level) / 2]))
+
+    tolerance = 0.15  # Monte Carlo error of 200k resamples on means that range over 0..15
+    assert CONFIDENCE == 0.95
+    ours = bootstrap_ci(values, n_resamples=200_000)
+    np.testing.assert_allclose(ours, exact(0.95), atol=tolerance)
+    theirs = stats.bootstrap((values,), np.mean, confidence_level=0.95, method="percentile", n_resamples=200_000,
+                             random_state=0).confidence_interval
+    np.testing.assert_allclose(ours, (theirs.low, theirs.high), atol=tolerance)
+    # the level matters here: an end of the 80% and of the 99% interval lies well outside the tolerance
+    for other in (0.8, 0.99):
+        assert np.abs(np.subtract(exact(other), exact(0.95))).max() > 4 * tolerance, other
+        np.testing.assert_allclose(bootstrap_ci(values, confidence=other, n_resamples=200_000), exact(other),
+                                   atol=tolerance)
+
+
 def slow_sign_flip_p(differences) -> float:
     """The sign-flip test from its definition: the share of the 2**n sign patterns whose |mean| reaches the
     observed |mean| (ties by a relative tolerance, as exact arithmetic would count them)."""
@@ -362,12 +391,14 @@ def readme_preset_differences() -> tuple[list[str], dict[str, list[str]]]:
 def test_readme_lists_exactly_the_keys_in_which_the_presets_differ():
     from verl_config import compose_config
 
+    from tepo_verl.demo import presets as demo_presets
+
     configs = {p: _leaves(OmegaConf.to_container(compose_config([f"+algorithm={p}"]), resolve=True))
                for p in PRESETS}
     keys = set().union(*configs.values())
     differing = {key: [_text(configs[p][key]) if key in configs[p] else "—" for p in PRESETS]
                  for key in sorted(keys) if len({repr(configs[p].get(key, KeyError)) for p in PRESETS}) > 1}
     presets, table = readme_preset_differences()
-    assert presets == PRESETS
+    assert presets == PRESETS and sorted(PRESETS) == demo_presets()  # every shipped preset, in the table's order
     assert "actor_rollout_ref.actor.clip_ratio_c" in differing and "algorithm.filter_groups.enable" in differing
     assert table == differing

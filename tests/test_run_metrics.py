@@ -26,7 +26,7 @@ from verl_config import compose_config
 
 from tepo_verl.verl_adapter import run_metrics
 
-PRESETS = ["tepo", "tepo_nomask", "gspo", "grpo", "dapo"]
+PRESETS = ["tepo", "tepo_nomask", "gspo", "grpo", "dapo", "gmpo", "kl_cov"]
 
 
 class KVStore:

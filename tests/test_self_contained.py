@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from pathlib import Path
 
-import pytest
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from conftest_data import skip_or_fail  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 #: (pattern, what it is). The issue pattern is this project's tracker style ("issue 4"); upstream projects' bug
@@ -24,7 +26,7 @@ SUFFIXES = {".py", ".md", ".sh", ".yaml", ".yml", ".ini", ".cfg", ".toml", ".txt
 
 def tracked_files() -> list[str]:
     if not (REPO / ".git").exists():
-        pytest.skip("not a git checkout: the tracked files are unknown")
+        skip_or_fail("not a git checkout: the tracked files are unknown")
     out = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout
     return [name for name in out.splitlines() if Path(name).suffix in SUFFIXES and (REPO / name).is_file()]
 

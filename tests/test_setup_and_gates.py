@@ -42,7 +42,7 @@ def test_missing_shared_folder_fails_under_ci(monkeypatch, tmp_path):
 
 
 def test_mismatched_cpu_stack_fails_the_e2e_tests_under_ci(monkeypatch):
-    pytest.importorskip("vllm", reason="the check of the stack's versions runs only where vllm is installed")
+    conftest_data.require_module("vllm", "the check of the stack's versions runs only where vllm is installed")
     from tepo_verl.cpu import versions
 
     monkeypatch.setattr(versions, "mismatches", lambda installed=None: ["verl: installed 0.9.0, required 0.9.1"])
@@ -53,7 +53,7 @@ def test_mismatched_cpu_stack_fails_the_e2e_tests_under_ci(monkeypatch):
 
 
 def test_changed_plugin_hook_fails_the_e2e_tests_under_ci(monkeypatch, tmp_path):
-    pytest.importorskip("vllm", reason="the hook is checked after the stack, which needs vllm")
+    conftest_data.require_module("vllm", "the hook is checked after the stack, which needs vllm")
     from tepo_verl.cpu import versions
     from tepo_verl.verl_adapter import plugin
 
@@ -70,7 +70,7 @@ def test_changed_plugin_hook_fails_the_e2e_tests_under_ci(monkeypatch, tmp_path)
 def test_this_machine_has_what_ci_needs_when_ci_is_set():
     """Under CI=true nothing may be missing: the stack, the plugin hook and ../shared are all there."""
     if not conftest_e2e.in_ci():
-        pytest.skip("checks CI's machine; set CI=true to run it (as .ci/run does)")
+        pytest.skip("checks CI's machine; set CI=true to run it (as .ci/run does)")  # never skips under CI
     assert conftest_e2e.cpu_stack_problem() is None
     assert (conftest_data.MATH_EVAL_DIR / "README.md").is_file()
 
@@ -94,7 +94,8 @@ def test_make_targets_set_up_a_fresh_venv_then_run(target, runs, tmp_path):
     text = "\n".join(lines)
     assert f"python3 -m venv {venv}" in text  # created when missing
     order = [next(i for i, line in enumerate(lines) if needle in line) for needle in
-             ("pip install -q --disable-pip-version-check torch==2.13.0", "pip install -q --disable-pip-version-check -e '.[test]'",
+             ("pip install --disable-pip-version-check --progress-bar off torch==2.13.0",
+              "pip install --disable-pip-version-check --progress-bar off -e '.[test]'",
               "bash tepo_verl/cpu/install_cpu.sh", "touch", runs)]
     assert order == sorted(order), lines  # torch, the package, the CPU stack, the stamp, then the job
     # the job runs as in an activated venv: recipes and tests that start `python` by name get this one
@@ -122,7 +123,7 @@ def test_ci_runs_make_test_with_ci_set():
 # ---- recipes/cpu.sh DRY_RUN=1 -------------------------------------------------------------------------------------
 
 def test_cpu_recipe_dry_run_prints_the_config_and_starts_nothing(tmp_path):
-    pytest.importorskip("verl", reason="composing verl's config needs verl")
+    conftest_data.require_module("verl", "composing verl's config needs verl")
     run_dir = tmp_path / "runs" / "grpo-seed1"
     env = dict(os.environ, DRY_RUN="1", ALGO="grpo", STEPS="7", RUN_DIR=str(run_dir), PYTHON=sys.executable,
                TEPO_VERL_CACHE=str(tmp_path / "cache"))
@@ -146,7 +147,7 @@ def test_cpu_recipe_dry_run_prints_the_config_and_starts_nothing(tmp_path):
 @pytest.mark.parametrize(
     "env, message",
     [
-        ({"ALGO": "ppo"}, "unknown ALGO='ppo'. Valid: dapo, grpo, gspo, tepo, tepo_nomask"),
+        ({"ALGO": "ppo"}, "unknown ALGO='ppo'. Valid: dapo, gmpo, grpo, gspo, kl_cov, tepo, tepo_nomask"),
         ({"STEPS": "0"}, "STEPS must be a positive integer, got '0'"),
         ({"MINI": "3"}, "MINI dividing BATCH, got BATCH='4' MINI='3'"),
     ],
@@ -156,3 +157,24 @@ def test_cpu_recipe_bad_settings(env, message, tmp_path):
                           cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert message in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+
+
+# ---- under CI=true a skip that bypasses the rule fails too (tests/conftest.py) -------------------------------------
+
+def test_any_skip_fails_under_ci(tmp_path):
+    """A bare pytest.skip / pytest.importorskip in a test skips off CI and fails under CI=true."""
+    for name in ("conftest.py", "conftest_data.py"):
+        (tmp_path / name).write_text((Path(__file__).parent / name).read_text())
+    (tmp_path / "test_bare.py").write_text(
+        "import pytest\n\n"
+        "def test_bare_skip():\n    pytest.skip('no frobnicator here')\n\n"
+        "def test_importorskip():\n    pytest.importorskip('surely_not_installed_module')\n\n"
+        "def test_passes():\n    pass\n")
+    outer = ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "PYTEST_ADDOPTS")
+    for ci, expected in (("true", "2 failed, 1 passed"), ("", "1 passed, 2 skipped")):
+        env = {k: v for k, v in os.environ.items() if k not in outer} | {"CI": ci}
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        assert expected in proc.stdout, (ci, proc.stdout[-2000:])
+        if ci:
+            assert "CI=true, and the test skipped (Skipped: no frobnicator here)" in proc.stdout, proc.stdout[-2000:]

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tepo_verl.tiny import reward, scratchpad, shipped
+from tepo_verl.tiny import regenerate, reward, scratchpad, shipped
 from tepo_verl.tiny import task as addition
 from tepo_verl.tiny.build import TinySpec
 from tepo_verl.tiny.build import build as build_addition
@@ -48,12 +48,17 @@ def _load(task: str):
 
 # ------------------------------------------------------------------------------------------- the shipped files
 
-@pytest.mark.parametrize("task", shipped.TASKS)
+def test_every_task_ships_a_policy():
+    assert shipped.tasks() == sorted(regenerate.TASKS) == ["addition", "chain", "scratchpad"]
+
+
+@pytest.mark.parametrize("task", sorted(regenerate.TASKS))
 def test_shipped_files_match_the_manifest(task):
     manifest = shipped.manifest(task)
     assert manifest is not None, f"no policy shipped for {task}"
-    assert manifest["task"] == task and manifest["key"] == shipped.default_spec(task).key()
-    assert manifest["spec"] == json.loads(json.dumps(dataclasses.asdict(shipped.default_spec(task))))
+    spec = regenerate.TASKS[task].spec()
+    assert manifest["task"] == task and manifest["key"] == spec.key()
+    assert manifest["spec"] == json.loads(json.dumps(dataclasses.asdict(spec)))
     assert set(manifest["files"]) == set(shipped.FILES)
     for name, digest in manifest["files"].items():
         path = shipped.folder(task) / name
@@ -75,7 +80,7 @@ def test_setup_ships_the_policies_as_package_data(monkeypatch):
     exec(compile((REPO / "setup.py").read_text(), "setup.py", "exec"), {"__name__": "setup"})
     patterns = captured["package_data"]["tepo_verl"]
     package = REPO / "tepo_verl"
-    for task in shipped.TASKS:
+    for task in shipped.tasks():
         for path in shipped.folder(task).iterdir():
             relative = str(path.relative_to(package))
             assert any(fnmatch.fnmatch(relative, pattern) for pattern in patterns), relative
@@ -102,7 +107,7 @@ def test_addition_policy_reproduces_its_greedy_accuracy(one_thread):
 def test_scratchpad_and_chain_policies_reproduce_their_greedy_accuracy(one_thread, task):
     manifest = shipped.manifest(task)
     model, tok = _load(task)
-    spec = shipped.default_spec(task)
+    spec = regenerate.TASKS[task].spec()
     val = scratchpad.split(spec)[1]
     greedy = scratchpad.evaluate(model, tok, val, max_new_tokens=spec.MAX_RESPONSE_TOKENS)
     assert greedy["min_top2_logit_gap"] > GAP_FLOOR and manifest["greedy_min_top2_logit_gap"] > GAP_FLOOR
@@ -139,6 +144,32 @@ def test_a_non_default_spec_is_trained_not_shipped():
     small = dataclasses.replace(TinySpec(), warmup_steps=12)
     assert shipped.source_for("addition", small.key()) is None
     assert shipped.source_for("scratchpad", dataclasses.replace(scratchpad.ScratchSpec(), seed=1).key()) is None
+
+
+@pytest.mark.parametrize("task", sorted(regenerate.TASKS))
+def test_regenerating_from_the_shipped_policy_writes_the_same_manifest(task, tmp_path, monkeypatch):
+    """regenerate --from a build of the shipped policy measures it with the task's builder and ships it again: the
+    manifest comes out as recorded, every measured field and every file's sha256."""
+    recorded = shipped.manifest(task)
+    built = tmp_path / "build"
+    regenerate.TASKS[task].build(built, regenerate.TASKS[task].spec(), log=lambda *_: None)
+    monkeypatch.setattr(shipped, "POLICIES", tmp_path / "policies")
+    written = regenerate.regenerate(task, built, log=lambda *_: None)
+    assert json.loads(json.dumps(written)) == recorded
+    assert shipped.manifest(task) == recorded and shipped.tasks() == [task]
+    with pytest.raises(ValueError, match="not the default spec's"):
+        other = tmp_path / "other"
+        other.mkdir()
+        (other / "manifest.json").write_text(json.dumps({"key": "another-key"}))
+        regenerate.regenerate(task, other, log=lambda *_: None)
+
+
+def test_unknown_task_is_named():
+    with pytest.raises(ValueError, match="unknown task 'subtraction'; valid: addition, scratchpad, chain"):
+        regenerate.regenerate("subtraction")
+    with pytest.raises(ValueError, match="no policy is shipped for task 'subtraction'; shipped: addition, chain, scratchpad"):
+        shipped.folder("subtraction")
+    assert shipped.source_for("subtraction", "any-key") is None  # a new task's builder trains until one is shipped
 
 
 def test_installing_a_corrupted_policy_fails(tmp_path, monkeypatch):

@@ -33,6 +33,7 @@ from tepo_verl.tiny.common import (
     generate,
     new_policy,
     paths,  # noqa: F401  (importable from here, as before the move to common.py)
+    responses_sha256,
     single_thread,
     supervised_batch,
     supervised_warm_up,
@@ -78,6 +79,24 @@ def sample_accuracy(model, tok, pairs, seed: int, temperature: float = 1.0, max_
     responses, _ = generate(model, tok, [task.question(a, b) for a, b in pairs], temperature, seed, max_new_tokens)
     scores = [compute_score(task.DATA_SOURCE, tok.decode(r), str(a + b)) for r, (a, b) in zip(responses, pairs)]
     return sum(scores) / len(scores)
+
+
+def shipped_measurements(model_dir: Path, spec: TinySpec) -> dict:
+    """The measured fields of a shipped policy's manifest (tepo_verl/tiny/shipped.py) for the policy in model_dir:
+    greedy and sampled (T=1) validation accuracy, the greedy top-two logit gap and responses, single-threaded."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    with single_thread():
+        tok = AutoTokenizer.from_pretrained(model_dir)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        val = split(spec)[1]
+        responses, gap = generate(model, tok, [task.question(a, b) for a, b in val], 0.0, 0, max_new_tokens=6)
+        return {"val_accuracy_greedy": sample_accuracy(model, tok, val, seed=spec.seed, temperature=0.0),
+                "val_accuracy_sampled_t1": sample_accuracy(model, tok, val, seed=spec.seed, temperature=1.0),
+                "greedy_min_top2_logit_gap": gap,
+                "greedy_responses_sha256": responses_sha256([tok.decode(r) for r in responses]),
+                "parameters": sum(p.numel() for p in model.parameters()), "val_size": spec.val_size}
 
 
 def _warm_up(spec: TinySpec, tok, val_pairs, log):

@@ -203,6 +203,11 @@ def generate(model, tok, questions: list[str], temperature: float, seed: int,
     return out, margin
 
 
+def responses_sha256(texts: list[str]) -> str:
+    """A digest of decoded responses, to record and later reproduce exactly what a policy answered."""
+    return hashlib.sha256("\n\x00".join(texts).encode()).hexdigest()
+
+
 # ----------------------------------------------------------------------------------------------- build folder
 
 def default_cache_root() -> Path:

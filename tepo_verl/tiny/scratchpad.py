@@ -24,7 +24,6 @@ gives RL room to improve for longer, and the lengths differ, which token-level a
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import random
 import time
 from pathlib import Path
@@ -41,6 +40,7 @@ from tepo_verl.tiny.common import (
     encode_prompt,  # noqa: F401  (importable from here, as before the move)
     model_config,
     new_policy,
+    responses_sha256,
     single_thread,
     supervised_batch,
     supervised_warm_up,
@@ -206,10 +206,6 @@ def evaluate(model, tok, problems_: list[tuple], temperature: float = 0.0, seed:
     }
 
 
-def responses_sha256(texts: list[str]) -> str:
-    return hashlib.sha256("\n\x00".join(texts).encode()).hexdigest()
-
-
 # ------------------------------------------------------------------------------------------------------ build
 
 def start_policy(spec: ScratchSpec):
@@ -285,6 +281,18 @@ def measure(model_dir: Path, spec: ScratchSpec) -> dict:
         sampled = evaluate(model, tok, val, temperature=1.0, seed=spec.seed, max_new_tokens=spec.MAX_RESPONSE_TOKENS)
     return {"greedy": greedy, "sampled": sampled,
             "parameters": sum(p.numel() for p in model.parameters())}
+
+
+def shipped_measurements(model_dir: Path, spec: ScratchSpec) -> dict:
+    """The measured fields of a shipped policy's manifest (tepo_verl/tiny/shipped.py) for the policy in model_dir."""
+    got = measure(model_dir, spec)
+    greedy, sampled = got["greedy"], got["sampled"]
+    return {"val_accuracy_greedy": greedy["accuracy"], "val_accuracy_sampled_t1": sampled["accuracy"],
+            "val_mean_response_tokens_greedy": greedy["mean_response_tokens"],
+            "val_mean_response_tokens_sampled_t1": sampled["mean_response_tokens"],
+            "greedy_min_top2_logit_gap": greedy["min_top2_logit_gap"],
+            "greedy_responses_sha256": greedy["responses_sha256"],
+            "parameters": got["parameters"], "val_size": spec.val_size}
 
 
 def _build_into(spec: ScratchSpec, out: Path, source: str | None, log) -> dict:

@@ -1,0 +1,18 @@
+"""The rule for missing prerequisites, enforced: under CI=true no test may skip. conftest_data.skip_or_fail fails
+there already; any other skip (a pytest.skip or pytest.importorskip that did not go through it) is turned into a
+failure here, with its reason, so nothing is silently left untested in CI."""
+
+from __future__ import annotations
+
+import pytest
+from conftest_data import in_ci
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and in_ci() and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"CI=true, and the test skipped ({reason}): in CI a missing prerequisite is a failure"
