@@ -34,7 +34,7 @@ EVICTED = "training/filter_groups/evicted_samples"
 #: The committed studies the demo quotes, in order of preference: the first with finished runs of its main
 #: comparison is quoted. Each is benchmarks/results/<name>/ with run folders <arm>-seed<k>/ (metrics.jsonl,
 #: run.json), study.json, and compare/main/ (the main arms' comparison: compare.csv, val_accuracy.png).
-STUDIES = ("cpu-fp32", "cpu-scratchpad")
+STUDIES = ("cpu-chain", "cpu-scratchpad")
 STUDY_ROOT = REPO / "benchmarks" / "results"
 #: Columns of the comparison's per-algorithm CSV shown on the console (all of them are in compare.md).
 SUMMARY_COLUMNS = [
