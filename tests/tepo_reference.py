@@ -24,6 +24,29 @@ def _kl(l: torch.Tensor, target: float, estimator: str) -> torch.Tensor:
     return torch.clamp(torch.exp(r) - r - 1.0, -10.0, 10.0)
 
 
+def _kl_slope(l: float, target: float, estimator: str) -> float:
+    """dD/dl of the estimator at l, in closed form (0 where verl's clamps saturate, as their gradient is)."""
+    d = l - target
+    if estimator in ("k1", "kl"):
+        return 1.0
+    if estimator == "abs":
+        return float((d > 0) - (d < 0))
+    if estimator in ("k2", "mse"):
+        return d
+    r = -d
+    if not -20.0 <= r <= 20.0:
+        return 0.0
+    return 1.0 - math.exp(r) if -10.0 <= math.exp(r) - r - 1.0 <= 10.0 else 0.0
+
+
+def _policy_slope(a: float, s: float, s_clip: float, log_s: float, clamp: float, w: float) -> float:
+    """d pg / d l of pg = max(-A s, -A clip(s)) * w with s = exp(min(log s, clamp)) and d s / d l = s: -A s w on
+    the unclipped branch, 0 on the clipped branch or above the clamp."""
+    if log_s > clamp:
+        return 0.0
+    return -a * s * w if -a * s >= -a * s_clip else 0.0
+
+
 def _falling(rule, l, l_old, h, h_old) -> bool:
     if rule == "old":
         return h < h_old
@@ -47,6 +70,8 @@ def reference_tepo(
     token_losses = {}
     n_valid = sum(sum(row) for row in valid)
     masked = kl_sum = 0.0
+    n_positive = masked_positive = 0
+    penalty_slope_sum = policy_slope_sum = 0.0
     clipped_tokens = clipped_lower = 0
     seq_ratios, seq_clipped = [], []
     ppo_kl = ent_sum = dent_sum = 0.0
@@ -83,6 +108,14 @@ def reference_tepo(
                 d = torch.zeros((), dtype=l.dtype)
             else:
                 d = _kl(l, target, opts.kl_estimator)
+            if m:
+                w = 1.0 if is_weights is None else float(is_weights[i, t])
+                policy_slope_sum += abs(_policy_slope(a, float(s.detach()), float(s_clip.detach()), base,
+                                                      opts.log_ratio_clamp, w))
+                if opts.mask_action == "penalty" and opts.mask_rule != "off" and target is not None:
+                    penalty_slope_sum += abs(opts.kl_coef * _kl_slope(lf, target, opts.kl_estimator))
+            n_positive += a > 0
+            masked_positive += m and a > 0
             if opts.mask_action == "penalty":
                 loss_it = pg + (opts.kl_coef * d if m else 0.0)
             else:
@@ -114,7 +147,9 @@ def reference_tepo(
 
     metrics = {
         "mask_frac": masked / n_valid if n_valid else 0.0,
+        "mask_frac_positive": masked_positive / n_positive if n_positive else 0.0,
         "masked_kl_mean": kl_sum / masked if masked else 0.0,
+        "penalty_grad_ratio": penalty_slope_sum / policy_slope_sum if policy_slope_sum else 0.0,
         "seq_ratio_mean": sum(seq_ratios) / len(seq_ratios) if seq_ratios else 1.0,
         "seq_ratio_min": min(seq_ratios) if seq_ratios else 1.0,
         "seq_ratio_max": max(seq_ratios) if seq_ratios else 1.0,

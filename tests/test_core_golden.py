@@ -6,6 +6,7 @@ masks and every option combination.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -156,3 +157,45 @@ def test_advantage_matches_reference(rewards, n_groups, norm, seed):
     adv = group_relative_advantage(torch.tensor(rewards, dtype=torch.float64), index, mask, norm_by_std=norm)
     expected = torch.tensor(reference_advantage(rewards, index, norm_by_std=norm), dtype=torch.float64)
     torch.testing.assert_close(adv, expected.unsqueeze(-1) * mask, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("estimator", ["k1", "abs", "k2", "k3"])
+@pytest.mark.parametrize("ratio_mode", ["sequence", "prefix"])
+def test_penalty_grad_ratio_is_the_ratio_of_the_two_terms_in_the_loss_gradient(estimator, ratio_mode):
+    """penalty_grad_ratio = sum_M |d(beta D)/dl| / sum_M |d pg/dl|, read here off the real loss's autograd: the
+    policy term's gradient is the gradient at beta = 0 (the mask does not depend on beta), the penalty's the rest."""
+    batch = random_batch(seed=3, batch_size=8, max_len=10, drift=0.3)
+    opts = TepoOptions(ratio_mode=ratio_mode, kl_estimator=estimator, kl_coef=0.7)
+
+    def loss_and_grad(options):
+        out = tepo_policy_loss(
+            batch.log_prob, batch.old_log_prob, batch.advantages, batch.response_mask, clip_ratio_low=0.02,
+            clip_ratio_high=0.03, options=options, old_entropy=batch.old_entropy,
+            rollout_is_weights=batch.is_weights,
+        )
+        return out, torch.autograd.grad(out.loss, batch.log_prob)[0]
+
+    out, full = loss_and_grad(opts)
+    _, policy_only = loss_and_grad(dataclasses.replace(opts, kl_coef=0.0))
+    m = out.mask
+    clipped = out.metrics["token_clipfrac"]
+    assert m.any() and 0 < clipped < 1  # masked tokens, on both branches
+    expected = (full - policy_only)[m].abs().sum() / policy_only[m].abs().sum()
+    assert expected > 0
+    assert out.metrics["penalty_grad_ratio"] == pytest.approx(float(expected), rel=1e-9)
+    dropped, _ = loss_and_grad(dataclasses.replace(opts, mask_action="drop"))
+    assert dropped.metrics["penalty_grad_ratio"] == 0.0  # drop adds no penalty term
+
+
+def test_mask_frac_positive_is_the_masked_share_of_positive_advantage_tokens():
+    batch = random_batch(seed=4, batch_size=8, max_len=10)
+    out = tepo_policy_loss(
+        batch.log_prob, batch.old_log_prob, batch.advantages, batch.response_mask, clip_ratio_low=0.2,
+        clip_ratio_high=0.28, old_entropy=batch.old_entropy,
+    )
+    positive = batch.response_mask.bool() & (batch.advantages > 0)
+    surprisal_old = batch.old_log_prob + batch.old_entropy > 0
+    expected = int((positive & surprisal_old).sum()) / int(positive.sum())
+    assert 0 < expected < 1
+    assert out.metrics["mask_frac_positive"] == pytest.approx(expected, rel=1e-12)
+    assert out.metrics["mask_frac_positive"] > out.metrics["mask_frac"]  # same numerator, fewer tokens below

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from tepo_verl.core import MASK_RULES, TepoOptions
 from tepo_verl.core.options import CHOICES
+from tepo_verl.verl_adapter.registry import TEPO_METRICS
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -42,3 +43,8 @@ def test_mask_rule_table_in_the_docs_matches_the_code():
         assert list(rows) == list(MASK_RULES), doc
         for name, rule in MASK_RULES.items():
             assert rows[name][1] == rule.test, (doc, name)
+
+
+def test_metrics_table_in_the_docs_lists_the_logged_tepo_metrics():
+    rows = _table_after((REPO / "docs/algorithm.md").read_text(), "## Metrics (each step, under `actor/tepo/`)")
+    assert [row[0] for row in rows] == list(TEPO_METRICS)

@@ -32,7 +32,8 @@ class TepoExtras:
     entropy: torch.Tensor | None = None
     old_entropy: torch.Tensor | None = None
     ref_log_prob: torch.Tensor | None = None
-    #: Metrics that need an aggregation other than MEAN (filled by the loss, e.g. the ratio min/max).
+    #: Metrics that need an aggregation other than verl's MEAN for policy-loss metrics (filled by the loss: the
+    #: token-weighted ratios, the ratio min/max).
     metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
@@ -110,6 +111,9 @@ def install() -> None:
     global _stock_ppo_loss
     from verl.workers.utils import losses
 
+    from tepo_verl.verl_adapter import ratio_metric
+
+    ratio_metric.install()
     if _stock_ppo_loss is None:
         current = losses.ppo_loss
         _stock_ppo_loss = getattr(current, "__wrapped_stock__", current)
