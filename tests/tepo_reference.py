@@ -7,6 +7,7 @@ decision. Used by the golden tests in float64.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import torch
 
@@ -54,7 +55,31 @@ def _falling(rule, l, l_old, h, h_old) -> bool:
         return l + h > 0
     if rule == "surprisal_old":
         return l_old + h_old > 0
-    return False
+    return rule == "always"
+
+
+def _mask(rule, opts, valid, log_prob, old_log_prob, advantages, entropy, old_entropy):
+    """{(i, t): M_it}: the rule's test and the advantage factor, then (mask_top_frac) the ceil(f * n) candidates
+    with the largest p (l + H) A, ties to the earlier (i, t)."""
+    B, T = len(valid), len(valid[0]) if valid else 0
+    mask, score = {}, {}
+    for i in range(B):
+        for t in range(T):
+            if not valid[i][t]:
+                continue
+            l, l_old, a = float(log_prob[i, t]), float(old_log_prob[i, t]), float(advantages[i, t])
+            h = None if entropy is None else float(entropy[i, t])
+            h_old = None if old_entropy is None else float(old_entropy[i, t])
+            mask[(i, t)] = (a > 0 or opts.mask_advantage == "any") and _falling(rule, l, l_old, h, h_old)
+            if mask[(i, t)] and opts.mask_top_frac < 1:
+                p_l, p_h = (l_old, h_old) if rule == "surprisal_old" else (l, h)
+                score[(i, t)] = math.exp(p_l) * (p_l + p_h) * a
+    if opts.mask_top_frac < 1 and rule != "off":
+        k = math.ceil(Fraction(str(opts.mask_top_frac)) * len(score))
+        ranked = sorted(score, key=lambda it: -score[it])  # stable: ties keep (i, t) order
+        keep = set(ranked[:k])
+        mask = {it: m and it in keep for it, m in mask.items()}
+    return mask
 
 
 def reference_tepo(
@@ -76,6 +101,7 @@ def reference_tepo(
     seq_ratios, seq_clipped = [], []
     ppo_kl = ent_sum = dent_sum = 0.0
     disagree = 0
+    masks = _mask(rule, opts, valid, lp, old_log_prob, advantages, entropy, old_entropy)
     for i in range(B):
         ts = [t for t in range(T) if valid[i][t]]
         if not ts:
@@ -102,7 +128,7 @@ def reference_tepo(
             clipped_lower += is_clipped and a < 0
             h = None if entropy is None else float(entropy[i, t])
             h_old = None if old_entropy is None else float(old_entropy[i, t])
-            m = a > 0 and _falling(rule, lf, lo_f, h, h_old)
+            m = masks[(i, t)]
             target = lo_f if opts.kl_target == "old" else (None if ref_log_prob is None else float(ref_log_prob[i, t]))
             if opts.mask_rule == "off" or target is None:
                 d = torch.zeros((), dtype=l.dtype)

@@ -26,6 +26,13 @@ OPTION_GRID = [
         ("k1", "abs", "k2", "k3"), (0.7,),
     )
 ]
+#: The control variants (our own): every rule with either advantage factor, and the top fraction of each scored rule.
+CONTROL_GRID = [
+    TepoOptions(mask_rule=m, mask_advantage=adv, mask_top_frac=f, mask_action=a, kl_coef=0.7)
+    for m, adv, f, a in itertools.product(CHOICES["mask_rule"], CHOICES["mask_advantage"], (1.0, 0.2, 0.5),
+                                          CHOICES["mask_action"])
+    if f == 1.0 or m in ("surprisal_old", "surprisal", "old")
+]
 
 
 def _run_both(batch, opts, lo=0.2, hi=0.28, use_weights=False):
@@ -63,12 +70,19 @@ def test_every_option_combination_matches_reference(opts):
     _assert_same(*_run_both(batch, opts))
 
 
+@pytest.mark.parametrize("opts", CONTROL_GRID, ids=lambda o: f"{o.mask_rule}-{o.mask_advantage}-top{o.mask_top_frac}-"
+                                                            f"{o.mask_action}")
+def test_every_control_variant_matches_reference(opts):
+    batch = random_batch(seed=9, batch_size=7, max_len=9, drift=0.4)
+    _assert_same(*_run_both(batch, opts))
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     seed=st.integers(0, 2**31 - 1),
     batch_size=st.integers(1, 7),
     max_len=st.integers(1, 12),
-    opts=st.sampled_from(OPTION_GRID),
+    opts=st.sampled_from(OPTION_GRID + CONTROL_GRID),
     clip=st.sampled_from([(0.2, 0.28), (3e-4, 4e-4), (0.0, 0.0)]),
     drift=st.sampled_from([0.0, 1e-4, 0.3, 2.0]),
     use_weights=st.booleans(),

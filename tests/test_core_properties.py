@@ -169,7 +169,7 @@ def test_advantage_has_no_signal_for_groups_of_one_or_zero_variance():
 # ---------------------------------------------------------------- options
 
 def test_unknown_option_names_and_values_list_the_valid_ones():
-    with pytest.raises(ValueError, match=r"mask_rule='entropy'.*valid values: surprisal_old, surprisal, old, off"):
+    with pytest.raises(ValueError, match=r"mask_rule='entropy'.*valid values: surprisal_old, surprisal, old, always, off"):
         TepoOptions(mask_rule="entropy")
     with pytest.raises(ValueError, match=r"Unknown TEPO option\(s\) \['beta'\].*valid options: ratio_mode"):
         TepoOptions.from_mapping({"beta": 1.0})
@@ -177,3 +177,53 @@ def test_unknown_option_names_and_values_list_the_valid_ones():
         TepoOptions(kl_coef=-1)
     with pytest.raises(ValueError, match="kl_estimator='k4'"):
         TepoOptions(kl_estimator="k4")
+
+
+# ------------------------------------------------------------------ the control variants (our own, not the paper's)
+
+@settings(max_examples=40, deadline=None)
+@given(seed=seeds, shape=shapes)
+def test_control_masks_every_positive_or_every_valid_token(seed, shape):
+    batch = random_batch(seed, *shape)
+    valid = batch.response_mask.bool()
+    always = _loss(batch, TepoOptions(mask_rule="always"))
+    assert torch.equal(always.mask, valid & (batch.advantages > 0))
+    assert always.metrics["mask_frac_positive"] == (1.0 if (valid & (batch.advantages > 0)).any() else 0.0)
+    everywhere = _loss(batch, TepoOptions(mask_rule="always", mask_advantage="any"))
+    assert torch.equal(everywhere.mask, valid)
+    assert everywhere.metrics["mask_frac"] == (1.0 if valid.any() else 0.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=seeds, shape=shapes, rule=st.sampled_from(["surprisal_old", "surprisal", "old"]),
+       frac=st.sampled_from([0.05, 0.2, 0.5, 0.99]), advantage=st.sampled_from(["positive", "any"]))
+def test_top_fraction_keeps_the_largest_entropy_decrease_of_the_rules_mask(seed, shape, rule, frac, advantage):
+    """mask_top_frac = f keeps ceil(f n) of the rule's n masked tokens, and no dropped token scores higher than a
+    kept one, the score p (l + H) A read on the rule's own tensors (the stored ones for surprisal_old)."""
+    batch = random_batch(seed, *shape)
+    full = _loss(batch, TepoOptions(mask_rule=rule, mask_advantage=advantage))
+    top = _loss(batch, TepoOptions(mask_rule=rule, mask_advantage=advantage, mask_top_frac=frac))
+    n = int(full.mask.sum())
+    assert not (top.mask & ~full.mask).any()
+    assert int(top.mask.sum()) == -(-round(frac * 100) * n // 100)  # ceil(f n), f in hundredths
+    l, h = ((batch.old_log_prob, batch.old_entropy) if rule == "surprisal_old"
+            else (batch.log_prob.detach(), batch.entropy))
+    score = torch.exp(l) * (l + h) * batch.advantages
+    dropped = full.mask & ~top.mask
+    if top.mask.any() and dropped.any():
+        assert score[dropped].max() <= score[top.mask].min()
+
+
+@pytest.mark.parametrize("values,match", [
+    (dict(mask_rule="sometimes"), r"mask_rule='sometimes' is not valid; valid values: surprisal_old, surprisal, old, "
+                                  r"always, off"),
+    (dict(mask_advantage="negative"), r"mask_advantage='negative' is not valid; valid values: positive, any"),
+    (dict(mask_top_frac=0.0), r"mask_top_frac=0.0 must be a number in \(0, 1\]"),
+    (dict(mask_top_frac=1.5), r"mask_top_frac=1.5 must be a number in \(0, 1\]"),
+    (dict(mask_top_frac=0.2, mask_rule="always"), r"mask_rule=always does not read; valid mask rules with it: "
+                                                  r"surprisal_old, surprisal, old"),
+])
+def test_bad_control_values_are_one_line_errors_naming_the_valid_ones(values, match):
+    with pytest.raises(ValueError, match=match) as error:
+        TepoOptions.from_mapping(values)
+    assert "\n" not in str(error.value)

@@ -3,10 +3,13 @@
     log s_i  = (1/|o_i|) sum_t (l_it - l^old_it)                       sequence log-ratio (prefix: tokens 1..t)
     s_it     = exp(sg[log s_i] + l_it - sg[l_it])                       every token carries its sequence's ratio
     pg_it    = -min(s_it A_i, clip(s_it, 1 - e_low, 1 + e_high) A_i)    (x rollout IS weight, if given)
-    M_it     = [A_i > 0] [entropy falling at (i, t)]                    the KL mask (core/mask.py)
+    M_it     = [A_i > 0] [entropy falling at (i, t)]                    the KL mask (core/mask.py; options below)
     loss_it  = pg_it + beta M_it D_it        (mask_action = penalty; D: KL estimate against the old or ref policy)
     loss_it  = pg_it (1 - M_it)              (mask_action = drop)
     loss     = aggregate(loss_it over valid tokens)                     token-mean over the global mini-batch
+
+Controls (our own, not the paper's): `mask_advantage=any` drops the [A_i > 0] factor; `mask_top_frac=f` keeps only
+the top f of the masked tokens of the micro-batch by p_it (l_it + H_it) A_i (on the tensors the rule reads).
 
 `aggregate` is injected (the verl adapter passes verl's `agg_loss` with the global batch info), so the core stays
 free of verl.
@@ -20,7 +23,7 @@ from collections.abc import Callable
 import torch
 
 from tepo_verl.core.kl import kl_estimate
-from tepo_verl.core.mask import entropy_falling, required_inputs
+from tepo_verl.core.mask import entropy_decrease_score, entropy_falling, required_inputs, top_fraction
 from tepo_verl.core.metrics import LossMetrics, loss_metrics
 from tepo_verl.core.options import TepoOptions
 from tepo_verl.core.ratio import prefix_log_ratio, sequence_log_ratio, straight_through_log_ratio, token_log_ratio
@@ -131,9 +134,14 @@ def tepo_policy_loss(
 
     pg, ratio, clipped_ratio = policy_term(l)  # (B, T) each
 
-    # 4. KL mask: positive advantage and entropy falling (A = 0 on padding, so padding is never masked).
+    # 4. KL mask: positive advantage (or, as a control, any valid token) and entropy falling; optionally only the
+    # top fraction of those by their first-order entropy decrease p (l + H) A.
     falling = entropy_falling(rule, l.detach(), l_old, h, h_old)  # (B, T) bool
-    mask = (adv > 0) & falling  # (B, T) bool
+    selectable = (adv > 0) if options.mask_advantage == "positive" else valid  # (B, T); A = 0 on padding
+    mask = selectable & falling  # (B, T) bool
+    if options.mask_top_frac < 1 and rule != "off":  # (the fallback rule off scores nothing and masks nothing)
+        mask = top_fraction(mask, entropy_decrease_score(rule, l.detach(), l_old, h, h_old, adv),
+                            options.mask_top_frac)
 
     # 5. Penalty on the masked tokens (or drop their policy term).
     target = l_old if options.kl_target == "old" else clean(ref_log_prob)
