@@ -48,9 +48,9 @@ def _policy_slope(a: float, s: float, s_clip: float, log_s: float, clamp: float,
     return -a * s * w if -a * s >= -a * s_clip else 0.0
 
 
-def _falling(rule, l, l_old, h, h_old) -> bool:
+def _falling(rule, l, l_old, h, h_old, rtol=0.0) -> bool:
     if rule == "old":
-        return h < h_old
+        return h < (1 - rtol) * h_old
     if rule == "surprisal":
         return l + h > 0
     if rule == "surprisal_old":
@@ -70,7 +70,8 @@ def _mask(rule, opts, valid, log_prob, old_log_prob, advantages, entropy, old_en
             l, l_old, a = float(log_prob[i, t]), float(old_log_prob[i, t]), float(advantages[i, t])
             h = None if entropy is None else float(entropy[i, t])
             h_old = None if old_entropy is None else float(old_entropy[i, t])
-            mask[(i, t)] = (a > 0 or opts.mask_advantage == "any") and _falling(rule, l, l_old, h, h_old)
+            mask[(i, t)] = (a > 0 or opts.mask_advantage == "any") and _falling(rule, l, l_old, h, h_old,
+                                                                                    opts.mask_old_rtol)
             if mask[(i, t)] and opts.mask_top_frac < 1:
                 p_l, p_h = (l_old, h_old) if rule == "surprisal_old" else (l, h)
                 score[(i, t)] = math.exp(p_l) * (p_l + p_h) * a
@@ -100,6 +101,7 @@ def reference_tepo(
     clipped_tokens = clipped_lower = 0
     seq_ratios, seq_clipped = [], []
     ppo_kl = ent_sum = dent_sum = 0.0
+    abs_log_ratios = []
     disagree = 0
     masks = _mask(rule, opts, valid, lp, old_log_prob, advantages, entropy, old_entropy)
     for i in range(B):
@@ -150,6 +152,7 @@ def reference_tepo(
             masked += m
             kl_sum += float(d.detach()) if m else 0.0
             ppo_kl += lo_f - lf
+            abs_log_ratios.append(abs(lf - lo_f))
             if h is not None:
                 ent_sum += h
                 if h_old is not None:
@@ -183,6 +186,8 @@ def reference_tepo(
         "token_clipfrac": clipped_tokens / n_valid if n_valid else 0.0,
         "token_clipfrac_lower": clipped_lower / n_valid if n_valid else 0.0,
         "ppo_kl": ppo_kl / n_valid if n_valid else 0.0,
+        "token_log_ratio_abs_mean": sum(abs_log_ratios) / n_valid if n_valid else 0.0,
+        "token_log_ratio_abs_max": max(abs_log_ratios, default=0.0),
     }
     if entropy is not None:
         metrics["entropy"] = ent_sum / n_valid if n_valid else 0.0

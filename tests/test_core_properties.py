@@ -68,7 +68,7 @@ def test_mask_only_selects_positive_advantage_valid_falling_tokens(seed, shape, 
     assert not (out.mask & (batch.advantages <= 0)).any()
     assert not (out.mask & ~batch.response_mask.bool()).any()
     falling = {
-        "old": batch.entropy < batch.old_entropy,
+        "old": batch.entropy < (1 - TepoOptions().mask_old_rtol) * batch.old_entropy,
         "surprisal": batch.log_prob.detach() + batch.entropy > 0,
         "surprisal_old": batch.old_log_prob + batch.old_entropy > 0,
     }[rule]
@@ -81,6 +81,28 @@ def test_the_old_rule_selects_only_tokens_whose_entropy_fell():
     out = _loss(batch, TepoOptions(mask_rule="old"))
     assert out.mask.any()
     assert (batch.entropy[out.mask] < batch.old_entropy[out.mask]).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_old_rule_ignores_on_policy_rounding_noise_by_default(dtype):
+    """On-policy, H and H_old differ by rounding only (a GPU's two passes pack micro-batches differently; verl's
+    fused kernels return the entropy in bf16). Rounding each of them to `dtype` differently, one unit in the last
+    place at most, moves no token past the default tolerance; the literal H < H_old (r = 0) picks about half the
+    positive-advantage tokens at random."""
+    batch = random_batch(12, 16, 64, drift=0.0)
+    h = batch.entropy.to(dtype)  # H_old: a value of the dtype
+    ulp = torch.finfo(dtype).eps * torch.exp2(torch.floor(torch.log2(h.double().clamp(min=1e-30))))  # spacing at h
+    sign = torch.where(torch.rand(h.shape, generator=torch.Generator().manual_seed(0)) < 0.5, -1.0, 1.0)
+    h_noisy = h.double() + sign * ulp  # one ulp either way
+    positive = batch.response_mask.bool() & (batch.advantages > 0)
+    out = _loss(batch, TepoOptions(mask_rule="old"), entropy=h_noisy, old_entropy=h.double())
+    assert not out.mask.any()
+    literal = _loss(batch, TepoOptions(mask_rule="old", mask_old_rtol=0.0), entropy=h_noisy,
+                    old_entropy=h.double())
+    assert 0.35 < literal.mask.sum() / positive.sum() < 0.65
+    fell = batch.entropy.double() * (1 - 2 * TepoOptions().mask_old_rtol)  # a real fall of twice the tolerance
+    assert torch.equal(_loss(batch, TepoOptions(mask_rule="old"), entropy=fell, old_entropy=batch.entropy).mask,
+                       positive & (batch.entropy > 0))
 
 
 @pytest.mark.parametrize("log_ratio", [50.0, -50.0])
@@ -219,6 +241,8 @@ def test_top_fraction_keeps_the_largest_entropy_decrease_of_the_rules_mask(seed,
                                   r"always, off"),
     (dict(mask_advantage="negative"), r"mask_advantage='negative' is not valid; valid values: positive, any"),
     (dict(mask_top_frac=0.0), r"mask_top_frac=0.0 must be a number in \(0, 1\]"),
+    (dict(mask_old_rtol=1.0), r"mask_old_rtol=1.0 must be a number in \[0, 1\)"),
+    (dict(mask_old_rtol=-0.1), r"mask_old_rtol=-0.1 must be a number in \[0, 1\)"),
     (dict(mask_top_frac=1.5), r"mask_top_frac=1.5 must be a number in \(0, 1\]"),
     (dict(mask_top_frac=0.2, mask_rule="always"), r"mask_rule=always does not read; valid mask rules with it: "
                                                   r"surprisal_old, surprisal, old"),

@@ -23,8 +23,8 @@ from verl_config import actor_config
 from tepo_verl.verl_adapter.ratio_metric import RatioMetric
 
 RATIOS = ("mask_frac", "mask_frac_positive", "masked_kl_mean", "penalty_grad_ratio", "seq_ratio_mean",
-          "seq_clipfrac", "entropy", "entropy_delta", "surprisal_disagreement")
-EXTREMES = ("seq_ratio_min", "seq_ratio_max")
+          "seq_clipfrac", "entropy", "entropy_delta", "surprisal_disagreement", "token_log_ratio_abs_mean")
+EXTREMES = ("seq_ratio_min", "seq_ratio_max", "token_log_ratio_abs_max")
 LENGTHS = [1, 12, 3, 12, 2, 9, 1, 11, 4, 12, 7, 1]  # responses of very different lengths
 PROMPT_LENS = [2, 3, 1, 4, 2, 2, 3, 1, 2, 4, 1, 3]
 

@@ -136,7 +136,7 @@ def tepo_policy_loss(
 
     # 4. KL mask: positive advantage (or, as a control, any valid token) and entropy falling; optionally only the
     # top fraction of those by their first-order entropy decrease p (l + H) A.
-    falling = entropy_falling(rule, l.detach(), l_old, h, h_old)  # (B, T) bool
+    falling = entropy_falling(rule, l.detach(), l_old, h, h_old, options.mask_old_rtol)  # (B, T) bool
     selectable = (adv > 0) if options.mask_advantage == "positive" else valid  # (B, T); A = 0 on padding
     mask = selectable & falling  # (B, T) bool
     if options.mask_top_frac < 1 and rule != "off":  # (the fallback rule off scores nothing and masks nothing)

@@ -47,7 +47,7 @@ class MaskRule:
 MASK_RULES: dict[str, MaskRule] = {
     "surprisal_old": MaskRule("l_old + H_old > 0", ("old_entropy",), "none (stored tensors)", "old"),
     "surprisal": MaskRule("l + H > 0", ("entropy",), "the full-vocabulary entropy with gradient", "current"),
-    "old": MaskRule("H < H_old", ("entropy", "old_entropy"), "the full-vocabulary entropy with gradient",
+    "old": MaskRule("H < (1 - r) H_old", ("entropy", "old_entropy"), "the full-vocabulary entropy with gradient",
                     "current"),
     "always": MaskRule("always", (), "none", None),
     "off": MaskRule("never", (), "none", None),
@@ -68,13 +68,14 @@ def entropy_falling(
     old_log_prob: torch.Tensor,  # (B, T) old log-probs l_old
     entropy: torch.Tensor | None = None,  # (B, T) current entropy H, or None
     old_entropy: torch.Tensor | None = None,  # (B, T) old entropy H_old, or None
+    old_rtol: float = 0.0,  # r of the old rule
 ) -> torch.Tensor:  # (B, T) bool
     """The rule's "entropy falling at (i, t)" test (MASK_RULES[rule].test), without gradient.
 
     surprisal: the sampled token is more likely than the policy's average (l > -H), so raising it lowers the
     entropy (first-order entropy dynamics of a softmax policy); surprisal_old is the same test on the stored
-    old-policy tensors (equal to surprisal when current == old); old: the literal H < H_old, empty when
-    current == old; always: every token (a control without the entropy test); off: never.
+    old-policy tensors (equal to surprisal when current == old); old: H < H_old, beyond a relative tolerance
+    r for numerical noise (H < (1 - r) H_old), empty when current == old; always: every token (a control without the entropy test); off: never.
     """
     given = {"entropy": entropy, "old_entropy": old_entropy}
     missing = [name for name in required_inputs(rule) if given[name] is None]
@@ -82,7 +83,7 @@ def entropy_falling(
         raise ValueError(f"mask rule {rule!r} needs {missing}, which were not given")
     with torch.no_grad():
         if rule == "old":
-            return entropy < old_entropy
+            return entropy < (1 - old_rtol) * old_entropy
         if rule == "surprisal":
             return log_prob + entropy > 0
         if rule == "surprisal_old":

@@ -60,6 +60,7 @@ def loss_metrics(
     clipped = valid & (-adv * clipped_ratio > -adv * ratio)  # (B, T) the clipped branch won
     positive = valid & (adv > 0)  # (B, T)
     one = torch.ones((), dtype=ratio.dtype, device=ratio.device)
+    abs_log_ratio = torch.where(valid, log_prob - old_log_prob, 0).abs()  # (B, T) |l - l_old|
     sums = {
         "n_valid": valid.sum(),
         "n_positive": positive.sum(),
@@ -73,6 +74,8 @@ def loss_metrics(
         "n_clipped": clipped.sum(),
         "n_clipped_lower": (clipped & (adv < 0)).sum(),
         "old_minus_new": (old_log_prob - log_prob).sum(),
+        "abs_log_ratio": abs_log_ratio.sum(),
+        "abs_log_ratio_max": abs_log_ratio.max() if abs_log_ratio.numel() else 0 * one,
         "ratio_sum": seq_ratio.sum(),
         "ratio_min": seq_ratio.min() if seq_ratio.numel() else one,
         "ratio_max": seq_ratio.max() if seq_ratio.numel() else one,
@@ -96,11 +99,13 @@ def loss_metrics(
         "token_clipfrac": Ratio(v["n_clipped"], v["n_valid"]),
         "token_clipfrac_lower": Ratio(v["n_clipped_lower"], v["n_valid"]),
         "ppo_kl": Ratio(v["old_minus_new"], v["n_valid"]),
+        "token_log_ratio_abs_mean": Ratio(v["abs_log_ratio"], v["n_valid"]),
     }
     if "entropy" in v:
         ratios["entropy"] = Ratio(v["entropy"], v["n_valid"])
         if "old_entropy" in v:
             ratios["entropy_delta"] = Ratio(v["entropy"] - v["old_entropy"], v["n_valid"])
             ratios["surprisal_disagreement"] = Ratio(v["n_disagree"], v["n_valid"])
-    extremes = {"seq_ratio_min": (v["ratio_min"], "min"), "seq_ratio_max": (v["ratio_max"], "max")}
+    extremes = {"seq_ratio_min": (v["ratio_min"], "min"), "seq_ratio_max": (v["ratio_max"], "max"),
+                "token_log_ratio_abs_max": (v["abs_log_ratio_max"], "max")}
     return LossMetrics(ratios=ratios, extremes=extremes)

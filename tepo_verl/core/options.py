@@ -38,6 +38,8 @@ MEANINGS: dict[str, str] = {
     + ", ".join(f"{name} ({rule.test})" for name, rule in MASK_RULES.items()),
     "mask_advantage": "positive: the mask selects positive-advantage tokens only (TEPO); any: every valid token "
     "(a control, not the paper's)",
+    "mask_old_rtol": "relative tolerance of the old rule: it masks a token when H < (1 - mask_old_rtol) H_old "
+    "(0 <= r < 1; 2^-7, two bf16 roundings, by default)",
     "mask_top_frac": "keep only this fraction (0 < f <= 1) of the tokens the mask selects in each micro-batch, those "
     "with the largest p (l + H) A (a control, not the paper's; 1 = all)",
     "mask_fallback": "rule used when the mask rule's inputs are missing; none = raise an error",
@@ -57,6 +59,7 @@ class TepoOptions:
     mask_rule: str = "surprisal_old"
     mask_advantage: str = "positive"
     mask_top_frac: float = 1.0
+    mask_old_rtol: float = 2.0**-7
     mask_fallback: str = "none"
     mask_action: str = "penalty"
     kl_target: str = "old"
@@ -78,6 +81,10 @@ class TepoOptions:
                 0 < self.mask_top_frac <= 1):
             raise ValueError(f"TEPO option mask_top_frac={self.mask_top_frac!r} must be a number in (0, 1] "
                              f"({MEANINGS['mask_top_frac']})")
+        if isinstance(self.mask_old_rtol, bool) or not isinstance(self.mask_old_rtol, int | float) or not (
+                0 <= self.mask_old_rtol < 1):
+            raise ValueError(f"TEPO option mask_old_rtol={self.mask_old_rtol!r} must be a number in [0, 1) "
+                             f"({MEANINGS['mask_old_rtol']})")
         if self.mask_top_frac < 1 and MASK_RULES[self.mask_rule].policy is None:
             scored = [name for name, rule in MASK_RULES.items() if rule.policy is not None]
             raise ValueError(f"TEPO option mask_top_frac={self.mask_top_frac!r} ranks tokens by p (l + H) A, which "
