@@ -178,7 +178,8 @@ def reference_tepo(
         "mask_frac": masked / n_valid if n_valid else 0.0,
         "mask_frac_positive": masked_positive / n_positive if n_positive else 0.0,
         "masked_kl_mean": kl_sum / masked if masked else 0.0,
-        "penalty_grad_ratio": penalty_slope_sum / policy_slope_sum if policy_slope_sum else 0.0,
+        "penalty_grad_ratio": (penalty_slope_sum / policy_slope_sum if policy_slope_sum
+                               else math.inf if penalty_slope_sum else 0.0),
         "seq_ratio_mean": sum(seq_ratios) / len(seq_ratios) if seq_ratios else 1.0,
         "seq_ratio_min": min(seq_ratios) if seq_ratios else 1.0,
         "seq_ratio_max": max(seq_ratios) if seq_ratios else 1.0,

@@ -213,3 +213,17 @@ def test_mask_frac_positive_is_the_masked_share_of_positive_advantage_tokens():
     assert 0 < expected < 1
     assert out.metrics["mask_frac_positive"] == pytest.approx(expected, rel=1e-12)
     assert out.metrics["mask_frac_positive"] > out.metrics["mask_frac"]  # same numerator, fewer tokens below
+
+
+def test_penalty_grad_ratio_is_infinite_when_only_the_penalty_acts_on_masked_tokens():
+    """Every masked response clipped (its policy term has no gradient) while the penalty pulls: +inf, not 0.
+    Every log-prob rose by 0.1, so the positive-advantage responses (the masked ones) are above 1 + e_high."""
+    batch = random_batch(seed=5, batch_size=6, max_len=8)
+    log_prob = (batch.old_log_prob + 0.1).requires_grad_(True)
+    opts = TepoOptions(mask_rule="always", kl_estimator="k2")
+    out = tepo_policy_loss(log_prob, batch.old_log_prob, batch.advantages, batch.response_mask,
+                           clip_ratio_low=0.01, clip_ratio_high=0.01, options=opts)
+    _, ref_metrics = reference_tepo(log_prob, batch.old_log_prob, batch.advantages, batch.response_mask,
+                                    lo=0.01, hi=0.01, opts=opts)
+    assert out.mask.any() and out.metrics["token_clipfrac"] == out.metrics["mask_frac"]  # the masked ones
+    assert out.metrics["penalty_grad_ratio"] == ref_metrics["penalty_grad_ratio"] == float("inf")

@@ -27,7 +27,7 @@ class MaskInput:
 #: The optional tensors, by the name the loss takes them under.
 MASK_INPUTS: dict[str, MaskInput] = {
     "entropy": MaskInput(
-        "the current-policy entropy H, computed in the update pass over the full vocabulary, with gradient",
+        "the current-policy entropy H, computed in the update pass over the full vocabulary",
         "actor_rollout_ref.actor.calculate_entropy", True),
     "old_entropy": MaskInput(
         "the old-policy entropy H_old, stored by the v1 trainer's old-log-prob pass at no extra cost",
@@ -46,8 +46,8 @@ class MaskRule:
 #: Every mask rule: its test, the tensors it reads, and what it costs in the update pass.
 MASK_RULES: dict[str, MaskRule] = {
     "surprisal_old": MaskRule("l_old + H_old > 0", ("old_entropy",), "none (stored tensors)", "old"),
-    "surprisal": MaskRule("l + H > 0", ("entropy",), "the full-vocabulary entropy with gradient", "current"),
-    "old": MaskRule("H < (1 - r) H_old", ("entropy", "old_entropy"), "the full-vocabulary entropy with gradient",
+    "surprisal": MaskRule("l + H > 0", ("entropy",), "the full-vocabulary entropy (forward only)", "current"),
+    "old": MaskRule("H < (1 - r) H_old", ("entropy", "old_entropy"), "the full-vocabulary entropy (forward only)",
                     "current"),
     "always": MaskRule("always", (), "none", None),
     "off": MaskRule("never", (), "none", None),

@@ -9,6 +9,7 @@ whole mini-batch, weighted by tokens as the loss is (not the unweighted mean of 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 
@@ -17,7 +18,8 @@ from tepo_verl.core.mask import entropy_falling
 
 @dataclasses.dataclass(frozen=True)
 class Ratio:
-    """num / den, two sums over one micro-batch; `empty` where den == 0 (the metric is undefined there)."""
+    """num / den, two sums over one micro-batch; where den == 0, `empty` if num == 0 too (nothing to measure), else
+    +-inf (only penalty_grad_ratio can get there: a penalty on masked tokens whose policy term is all clipped)."""
 
     num: float
     den: float
@@ -25,7 +27,13 @@ class Ratio:
 
     @property
     def value(self) -> float:
-        return self.num / self.den if self.den else self.empty
+        return ratio_value(self.num, self.den, self.empty)
+
+
+def ratio_value(num: float, den: float, empty: float) -> float:
+    if den:
+        return num / den
+    return math.copysign(math.inf, num) if num else empty
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from verl.utils.metric import AggregationType, Metric
 
+from tepo_verl.core.metrics import ratio_value
+
 
 class RatioMetric(Metric):
     """Values are (numerator, denominator) pairs; the aggregate is sum(num) / sum(den), `empty` when that is 0/0."""
@@ -52,7 +54,7 @@ def ratio_of_sums(metrics: list[RatioMetric]) -> float:
     """sum of every numerator / sum of every denominator, over all the metrics' values (micro-batches x ranks)."""
     num = sum(n for metric in metrics for n, _ in metric.values)
     den = sum(d for metric in metrics for _, d in metric.values)
-    return num / den if den else metrics[0].empty
+    return ratio_value(num, den, metrics[0].empty)
 
 
 def _aggregate_dp(cls, metric_lists):
