@@ -193,7 +193,8 @@ def test_advantage_has_no_signal_for_groups_of_one_or_zero_variance():
 # ---------------------------------------------------------------- options
 
 def test_unknown_option_names_and_values_list_the_valid_ones():
-    with pytest.raises(ValueError, match=r"mask_rule='entropy'.*valid values: surprisal_old, surprisal, old, always, off"):
+    with pytest.raises(ValueError,
+                       match=r"mask_rule='entropy'.*valid values: surprisal_old, surprisal, old, always, off"):
         TepoOptions(mask_rule="entropy")
     with pytest.raises(ValueError, match=r"Unknown TEPO option\(s\) \['beta'\].*valid options: ratio_mode"):
         TepoOptions.from_mapping({"beta": 1.0})
@@ -239,8 +240,8 @@ def test_top_fraction_keeps_the_largest_entropy_decrease_of_the_rules_mask(seed,
 
 
 @pytest.mark.parametrize("values,match", [
-    (dict(mask_rule="sometimes"), r"mask_rule='sometimes' is not valid; valid values: surprisal_old, surprisal, old, "
-                                  r"always, off"),
+    (dict(mask_rule="sometimes"),
+     r"mask_rule='sometimes' is not valid; valid values: surprisal_old, surprisal, old, always, off"),
     (dict(mask_advantage="negative"), r"mask_advantage='negative' is not valid; valid values: positive, any"),
     (dict(mask_top_frac=0.0), r"mask_top_frac=0.0 must be a number in \(0, 1\]"),
     (dict(mask_old_rtol=1.0), r"mask_old_rtol=1.0 must be a number in \[0, 1\)"),

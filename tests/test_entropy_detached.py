@@ -34,7 +34,8 @@ def update(config, batch, *, detach: bool):
 @pytest.mark.parametrize("rule", ["surprisal", "old"])
 def test_entropy_is_detached_and_the_update_unchanged(rule):
     config = actor_config(["+algorithm=tepo", f"actor_rollout_ref.actor.policy_loss.tepo.mask_rule={rule}",
-                           "actor_rollout_ref.actor.calculate_entropy=True", "actor_rollout_ref.actor.clip_ratio_low=0.01",
+                           "actor_rollout_ref.actor.calculate_entropy=True",
+                           "actor_rollout_ref.actor.clip_ratio_low=0.01",
                            "actor_rollout_ref.actor.clip_ratio_high=0.02"])
     assert config.entropy_coeff == 0
     batch = random_batch(31, 6, 8, drift=0.1)
@@ -52,7 +53,8 @@ def test_entropy_is_detached_and_the_update_unchanged(rule):
 
 def test_an_entropy_bonus_keeps_its_gradient():
     config = actor_config(["+algorithm=tepo", "actor_rollout_ref.actor.policy_loss.tepo.mask_rule=surprisal",
-                           "actor_rollout_ref.actor.calculate_entropy=True", "actor_rollout_ref.actor.entropy_coeff=0.01"])
+                           "actor_rollout_ref.actor.calculate_entropy=True",
+                           "actor_rollout_ref.actor.entropy_coeff=0.01"])
     _, _, entropy_grad, out, _ = update(config, random_batch(32, 6, 8), detach=True)
     assert entropy_grad is not None and entropy_grad.abs().sum() > 0 and out["entropy"].grad_fn is not None
 

@@ -76,7 +76,8 @@ def test_tepo_nomask_equals_verls_gspo_under_rejection():
 
 
 def test_the_driver_says_so_once_for_tepo_with_rejection(capsys):
-    rs = ["algorithm.rollout_correction.rollout_rs=token_k1", "algorithm.rollout_correction.rollout_rs_threshold=0.5_2.0"]
+    rs = ["algorithm.rollout_correction.rollout_rs=token_k1",
+          "algorithm.rollout_correction.rollout_rs_threshold=0.5_2.0"]
     check_tepo_config(compose_config(["+algorithm=tepo", *rs]))
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "rollout_rs=token_k1" in err[0] and "accepted share" in err[0]

@@ -75,7 +75,8 @@ def entropy_falling(
     surprisal: the sampled token is more likely than the policy's average (l > -H), so raising it lowers the
     entropy (first-order entropy dynamics of a softmax policy); surprisal_old is the same test on the stored
     old-policy tensors (equal to surprisal when current == old); old: H < H_old, beyond a relative tolerance
-    r for numerical noise (H < (1 - r) H_old), empty when current == old; always: every token (a control without the entropy test); off: never.
+    r for numerical noise (H < (1 - r) H_old), empty when current == old; always: every token (a control without
+    the entropy test); off: never.
     """
     given = {"entropy": entropy, "old_entropy": old_entropy}
     missing = [name for name in required_inputs(rule) if given[name] is None]
@@ -119,7 +120,7 @@ def top_fraction(
     """The ceil(fraction * n) candidates with the highest score (n = number of candidates in this batch); ties go
     to the earlier position in row-major order."""
     n = int(mask.sum())
-    k = math.ceil(fraction * n - 1e-9)  # 1e-9: 0.2 * 5 is 1.0000000000000002 in floating point, and means 1
+    k = math.ceil(fraction * n - 1e-9)  # 1e-9: 0.28 * 25 is 7.000000000000001 in floats, and means 7
     if k >= n:
         return mask
     flat = torch.where(mask, score, -torch.inf).flatten()  # (B*T,)

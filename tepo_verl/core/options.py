@@ -39,7 +39,7 @@ MEANINGS: dict[str, str] = {
     "mask_advantage": "positive: the mask selects positive-advantage tokens only (TEPO); any: every valid token "
     "(a control, not the paper's)",
     "mask_old_rtol": "relative tolerance of the old rule: it masks a token when H < (1 - mask_old_rtol) H_old "
-    "(0 <= r < 1; 2^-7, two bf16 roundings, by default)",
+    "(0 <= r < 1; by default 2^-7, one bf16 unit in the last place)",
     "mask_top_frac": "keep only this fraction (0 < f <= 1) of the tokens the mask selects in each micro-batch, those "
     "with the largest p (l + H) A (a control, not the paper's; 1 = all)",
     "mask_fallback": "rule used when the mask rule's inputs are missing; none = raise an error",
