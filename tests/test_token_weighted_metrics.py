@@ -9,6 +9,8 @@ the float64 reference run once over the whole mini-batch.
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 import torch
 from batches import random_batch
@@ -107,6 +109,8 @@ def test_ratio_metric_merges_and_reduces_as_a_ratio_of_sums():
     collected.append(RatioMetric(0.0, 0.0))  # a micro-batch where the metric is undefined weighs nothing
     collected.append(RatioMetric(3.0, 4.0))
     assert collected.aggregate() == 0.5 and Metric.aggregate_dp([collected, RatioMetric(2.0, 2.0)]) == 0.6
+    shipped = pickle.loads(pickle.dumps(collected))  # as allgather_dict_into_dict ships it between ranks
+    assert type(shipped) is RatioMetric and shipped.values == collected.values and shipped.aggregate() == 0.5
     assert RatioMetric(0.0, 0.0, empty=1.0).aggregate() == 1.0
     with pytest.raises(ValueError, match="cannot merge"):
         collected.append(Metric("sum", 1.0))
