@@ -6,6 +6,7 @@ masks and every option combination.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -24,6 +25,13 @@ OPTION_GRID = [
         CHOICES["ratio_mode"], CHOICES["mask_rule"], CHOICES["mask_action"], CHOICES["kl_target"],
         ("k1", "abs", "k2", "k3"), (0.7,),
     )
+]
+#: The control variants (our own): every rule with either advantage factor, and the top fraction of each scored rule.
+CONTROL_GRID = [
+    TepoOptions(mask_rule=m, mask_advantage=adv, mask_top_frac=f, mask_action=a, kl_coef=0.7)
+    for m, adv, f, a in itertools.product(CHOICES["mask_rule"], CHOICES["mask_advantage"], (1.0, 0.2, 0.5),
+                                          CHOICES["mask_action"])
+    if f == 1.0 or m in ("surprisal_old", "surprisal", "old")
 ]
 
 
@@ -62,12 +70,19 @@ def test_every_option_combination_matches_reference(opts):
     _assert_same(*_run_both(batch, opts))
 
 
+@pytest.mark.parametrize("opts", CONTROL_GRID, ids=lambda o: f"{o.mask_rule}-{o.mask_advantage}-top{o.mask_top_frac}-"
+                                                            f"{o.mask_action}")
+def test_every_control_variant_matches_reference(opts):
+    batch = random_batch(seed=9, batch_size=7, max_len=9, drift=0.4)
+    _assert_same(*_run_both(batch, opts))
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     seed=st.integers(0, 2**31 - 1),
     batch_size=st.integers(1, 7),
     max_len=st.integers(1, 12),
-    opts=st.sampled_from(OPTION_GRID),
+    opts=st.sampled_from(OPTION_GRID + CONTROL_GRID),
     clip=st.sampled_from([(0.2, 0.28), (3e-4, 4e-4), (0.0, 0.0)]),
     drift=st.sampled_from([0.0, 1e-4, 0.3, 2.0]),
     use_weights=st.booleans(),
@@ -156,3 +171,59 @@ def test_advantage_matches_reference(rewards, n_groups, norm, seed):
     adv = group_relative_advantage(torch.tensor(rewards, dtype=torch.float64), index, mask, norm_by_std=norm)
     expected = torch.tensor(reference_advantage(rewards, index, norm_by_std=norm), dtype=torch.float64)
     torch.testing.assert_close(adv, expected.unsqueeze(-1) * mask, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("estimator", ["k1", "abs", "k2", "k3"])
+@pytest.mark.parametrize("ratio_mode", ["sequence", "prefix"])
+def test_penalty_grad_ratio_is_the_ratio_of_the_two_terms_in_the_loss_gradient(estimator, ratio_mode):
+    """penalty_grad_ratio = sum_M |d(beta D)/dl| / sum_M |d pg/dl|, read here off the real loss's autograd: the
+    policy term's gradient is the gradient at beta = 0 (the mask does not depend on beta), the penalty's the rest."""
+    batch = random_batch(seed=3, batch_size=8, max_len=10, drift=0.3)
+    opts = TepoOptions(ratio_mode=ratio_mode, kl_estimator=estimator, kl_coef=0.7)
+
+    def loss_and_grad(options):
+        out = tepo_policy_loss(
+            batch.log_prob, batch.old_log_prob, batch.advantages, batch.response_mask, clip_ratio_low=0.02,
+            clip_ratio_high=0.03, options=options, old_entropy=batch.old_entropy,
+            rollout_is_weights=batch.is_weights,
+        )
+        return out, torch.autograd.grad(out.loss, batch.log_prob)[0]
+
+    out, full = loss_and_grad(opts)
+    _, policy_only = loss_and_grad(dataclasses.replace(opts, kl_coef=0.0))
+    m = out.mask
+    clipped = out.metrics["token_clipfrac"]
+    assert m.any() and 0 < clipped < 1  # masked tokens, on both branches
+    expected = (full - policy_only)[m].abs().sum() / policy_only[m].abs().sum()
+    assert expected > 0
+    assert out.metrics["penalty_grad_ratio"] == pytest.approx(float(expected), rel=1e-9)
+    dropped, _ = loss_and_grad(dataclasses.replace(opts, mask_action="drop"))
+    assert dropped.metrics["penalty_grad_ratio"] == 0.0  # drop adds no penalty term
+
+
+def test_mask_frac_positive_is_the_masked_share_of_positive_advantage_tokens():
+    batch = random_batch(seed=4, batch_size=8, max_len=10)
+    out = tepo_policy_loss(
+        batch.log_prob, batch.old_log_prob, batch.advantages, batch.response_mask, clip_ratio_low=0.2,
+        clip_ratio_high=0.28, old_entropy=batch.old_entropy,
+    )
+    positive = batch.response_mask.bool() & (batch.advantages > 0)
+    surprisal_old = batch.old_log_prob + batch.old_entropy > 0
+    expected = int((positive & surprisal_old).sum()) / int(positive.sum())
+    assert 0 < expected < 1
+    assert out.metrics["mask_frac_positive"] == pytest.approx(expected, rel=1e-12)
+    assert out.metrics["mask_frac_positive"] > out.metrics["mask_frac"]  # same numerator, fewer tokens below
+
+
+def test_penalty_grad_ratio_is_infinite_when_only_the_penalty_acts_on_masked_tokens():
+    """Every masked response clipped (its policy term has no gradient) while the penalty pulls: +inf, not 0.
+    Every log-prob rose by 0.1, so the positive-advantage responses (the masked ones) are above 1 + e_high."""
+    batch = random_batch(seed=5, batch_size=6, max_len=8)
+    log_prob = (batch.old_log_prob + 0.1).requires_grad_(True)
+    opts = TepoOptions(mask_rule="always", kl_estimator="k2")
+    out = tepo_policy_loss(log_prob, batch.old_log_prob, batch.advantages, batch.response_mask,
+                           clip_ratio_low=0.01, clip_ratio_high=0.01, options=opts)
+    _, ref_metrics = reference_tepo(log_prob, batch.old_log_prob, batch.advantages, batch.response_mask,
+                                    lo=0.01, hi=0.01, opts=opts)
+    assert out.mask.any() and out.metrics["token_clipfrac"] == out.metrics["mask_frac"]  # the masked ones
+    assert out.metrics["penalty_grad_ratio"] == ref_metrics["penalty_grad_ratio"] == float("inf")

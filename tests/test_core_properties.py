@@ -68,7 +68,7 @@ def test_mask_only_selects_positive_advantage_valid_falling_tokens(seed, shape, 
     assert not (out.mask & (batch.advantages <= 0)).any()
     assert not (out.mask & ~batch.response_mask.bool()).any()
     falling = {
-        "old": batch.entropy < batch.old_entropy,
+        "old": batch.entropy < (1 - TepoOptions().mask_old_rtol) * batch.old_entropy,
         "surprisal": batch.log_prob.detach() + batch.entropy > 0,
         "surprisal_old": batch.old_log_prob + batch.old_entropy > 0,
     }[rule]
@@ -83,6 +83,28 @@ def test_the_old_rule_selects_only_tokens_whose_entropy_fell():
     assert (batch.entropy[out.mask] < batch.old_entropy[out.mask]).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_old_rule_ignores_on_policy_rounding_noise_by_default(dtype):
+    """On-policy, H and H_old differ by rounding only (a GPU's two passes pack micro-batches differently; verl's
+    fused kernels return the entropy in bf16). Rounding each of them to `dtype` differently, one unit in the last
+    place at most, moves no token past the default tolerance; the literal H < H_old (r = 0) picks about half the
+    positive-advantage tokens at random."""
+    batch = random_batch(12, 16, 64, drift=0.0)
+    h = batch.entropy.to(dtype)  # H_old: a value of the dtype
+    ulp = torch.finfo(dtype).eps * torch.exp2(torch.floor(torch.log2(h.double().clamp(min=1e-30))))  # spacing at h
+    sign = torch.where(torch.rand(h.shape, generator=torch.Generator().manual_seed(0)) < 0.5, -1.0, 1.0)
+    h_noisy = h.double() + sign * ulp  # one ulp either way
+    positive = batch.response_mask.bool() & (batch.advantages > 0)
+    out = _loss(batch, TepoOptions(mask_rule="old"), entropy=h_noisy, old_entropy=h.double())
+    assert not out.mask.any()
+    literal = _loss(batch, TepoOptions(mask_rule="old", mask_old_rtol=0.0), entropy=h_noisy,
+                    old_entropy=h.double())
+    assert 0.35 < literal.mask.sum() / positive.sum() < 0.65
+    fell = batch.entropy.double() * (1 - 2 * TepoOptions().mask_old_rtol)  # a real fall of twice the tolerance
+    assert torch.equal(_loss(batch, TepoOptions(mask_rule="old"), entropy=fell, old_entropy=batch.entropy).mask,
+                       positive & (batch.entropy > 0))
+
+
 @pytest.mark.parametrize("log_ratio", [50.0, -50.0])
 @pytest.mark.parametrize("estimator", ["k1", "abs", "k2", "k3"])
 @pytest.mark.parametrize("ratio_mode", CHOICES["ratio_mode"])
@@ -93,7 +115,9 @@ def test_extreme_log_ratios_stay_finite(log_ratio, estimator, ratio_mode):
                 log_prob=log_prob)
     (grad,) = torch.autograd.grad(out.loss, log_prob)
     assert torch.isfinite(out.loss) and torch.isfinite(grad).all()
-    assert all(torch.isfinite(torch.tensor(v)) for v in out.metrics.values())
+    # penalty_grad_ratio may be +inf: above the clamp the policy term has no gradient, the penalty still has one
+    assert all(torch.isfinite(torch.tensor(v)) for k, v in out.metrics.items() if k != "penalty_grad_ratio")
+    assert out.metrics["penalty_grad_ratio"] >= 0
 
 
 def test_nan_in_padding_never_leaks():
@@ -169,7 +193,8 @@ def test_advantage_has_no_signal_for_groups_of_one_or_zero_variance():
 # ---------------------------------------------------------------- options
 
 def test_unknown_option_names_and_values_list_the_valid_ones():
-    with pytest.raises(ValueError, match=r"mask_rule='entropy'.*valid values: surprisal_old, surprisal, old, off"):
+    with pytest.raises(ValueError,
+                       match=r"mask_rule='entropy'.*valid values: surprisal_old, surprisal, old, always, off"):
         TepoOptions(mask_rule="entropy")
     with pytest.raises(ValueError, match=r"Unknown TEPO option\(s\) \['beta'\].*valid options: ratio_mode"):
         TepoOptions.from_mapping({"beta": 1.0})
@@ -177,3 +202,55 @@ def test_unknown_option_names_and_values_list_the_valid_ones():
         TepoOptions(kl_coef=-1)
     with pytest.raises(ValueError, match="kl_estimator='k4'"):
         TepoOptions(kl_estimator="k4")
+
+
+# ------------------------------------------------------------------ the control variants (our own, not the paper's)
+
+@settings(max_examples=40, deadline=None)
+@given(seed=seeds, shape=shapes)
+def test_control_masks_every_positive_or_every_valid_token(seed, shape):
+    batch = random_batch(seed, *shape)
+    valid = batch.response_mask.bool()
+    always = _loss(batch, TepoOptions(mask_rule="always"))
+    assert torch.equal(always.mask, valid & (batch.advantages > 0))
+    assert always.metrics["mask_frac_positive"] == (1.0 if (valid & (batch.advantages > 0)).any() else 0.0)
+    everywhere = _loss(batch, TepoOptions(mask_rule="always", mask_advantage="any"))
+    assert torch.equal(everywhere.mask, valid)
+    assert everywhere.metrics["mask_frac"] == (1.0 if valid.any() else 0.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=seeds, shape=shapes, rule=st.sampled_from(["surprisal_old", "surprisal", "old"]),
+       frac=st.sampled_from([0.05, 0.2, 0.5, 0.99]), advantage=st.sampled_from(["positive", "any"]))
+def test_top_fraction_keeps_the_largest_entropy_decrease_of_the_rules_mask(seed, shape, rule, frac, advantage):
+    """mask_top_frac = f keeps ceil(f n) of the rule's n masked tokens, and no dropped token scores higher than a
+    kept one, the score p (l + H) A read on the rule's own tensors (the stored ones for surprisal_old)."""
+    batch = random_batch(seed, *shape)
+    full = _loss(batch, TepoOptions(mask_rule=rule, mask_advantage=advantage))
+    top = _loss(batch, TepoOptions(mask_rule=rule, mask_advantage=advantage, mask_top_frac=frac))
+    n = int(full.mask.sum())
+    assert not (top.mask & ~full.mask).any()
+    assert int(top.mask.sum()) == -(-round(frac * 100) * n // 100)  # ceil(f n), f in hundredths
+    l, h = ((batch.old_log_prob, batch.old_entropy) if rule == "surprisal_old"
+            else (batch.log_prob.detach(), batch.entropy))
+    score = torch.exp(l) * (l + h) * batch.advantages
+    dropped = full.mask & ~top.mask
+    if top.mask.any() and dropped.any():
+        assert score[dropped].max() <= score[top.mask].min()
+
+
+@pytest.mark.parametrize("values,match", [
+    (dict(mask_rule="sometimes"),
+     r"mask_rule='sometimes' is not valid; valid values: surprisal_old, surprisal, old, always, off"),
+    (dict(mask_advantage="negative"), r"mask_advantage='negative' is not valid; valid values: positive, any"),
+    (dict(mask_top_frac=0.0), r"mask_top_frac=0.0 must be a number in \(0, 1\]"),
+    (dict(mask_old_rtol=1.0), r"mask_old_rtol=1.0 must be a number in \[0, 1\)"),
+    (dict(mask_old_rtol=-0.1), r"mask_old_rtol=-0.1 must be a number in \[0, 1\)"),
+    (dict(mask_top_frac=1.5), r"mask_top_frac=1.5 must be a number in \(0, 1\]"),
+    (dict(mask_top_frac=0.2, mask_rule="always"), r"mask_rule=always does not read; valid mask rules with it: "
+                                                  r"surprisal_old, surprisal, old"),
+])
+def test_bad_control_values_are_one_line_errors_naming_the_valid_ones(values, match):
+    with pytest.raises(ValueError, match=match) as error:
+        TepoOptions.from_mapping(values)
+    assert "\n" not in str(error.value)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from tepo_verl.core import MASK_RULES, TepoOptions
 from tepo_verl.core.options import CHOICES
+from tepo_verl.verl_adapter.registry import TEPO_METRICS
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -42,3 +43,27 @@ def test_mask_rule_table_in_the_docs_matches_the_code():
         assert list(rows) == list(MASK_RULES), doc
         for name, rule in MASK_RULES.items():
             assert rows[name][1] == rule.test, (doc, name)
+
+
+def test_metrics_table_in_the_docs_lists_the_logged_tepo_metrics():
+    rows = _table_after((REPO / "docs/algorithm.md").read_text(), "## Metrics (each step, under `actor/tepo/`)")
+    assert [row[0] for row in rows] == list(TEPO_METRICS)
+
+
+def _metric_names(cell: str) -> list[str]:
+    """'tepo/seq_ratio_mean, _min, _max' -> the three full names (a short form replaces as many trailing parts)."""
+    names = []
+    for item in (part.strip() for part in cell.split(",")):
+        if item.startswith("_"):
+            base = names[-1].split("_")
+            names.append("_".join(base[: len(base) - item.count("_")]) + item)
+        else:
+            names.append(item)
+    return names
+
+
+def test_readme_metrics_table_lists_every_logged_tepo_metric():
+    heading = "## Metrics (verl's normal metric path, each step, under `actor/`)"
+    rows = _table_after((REPO / "README.md").read_text(), heading)
+    listed = {name for row in rows for name in _metric_names(row[0]) if name.startswith("tepo/")}
+    assert {f"tepo/{name}" for name in TEPO_METRICS} <= listed

@@ -137,7 +137,7 @@ BAD_CONFIGS = [
     (["actor_rollout_ref.actor.policy_loss.tepo.mask_rule=old", "actor_rollout_ref.actor.calculate_entropy=True",
       "trainer.use_v1=False"], r"trainer\.use_v1=True"),
     (["actor_rollout_ref.actor.policy_loss.tepo.mask_rule=entropy"],
-     r"mask_rule='entropy' is not valid; valid values: surprisal_old, surprisal, old, off"),
+     r"mask_rule='entropy' is not valid; valid values: surprisal_old, surprisal, old, always, off"),
     (["+actor_rollout_ref.actor.policy_loss.tepo.beta=1"], r"Unknown TEPO option\(s\) \['beta'\]"),
     (["actor_rollout_ref.actor.policy_loss._target_=verl.workers.config.PolicyLossConfig"],
      r"policy_loss\._target_=tepo_verl\.verl_adapter\.config\.TepoPolicyLossConfig"),

@@ -19,6 +19,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "ratio_mode": ("sequence", "prefix"),
     # Step 5: how "entropy decreasing at (i, t)" is decided.
     "mask_rule": tuple(MASK_RULES),
+    # Step 5: which tokens the mask may select: positive-advantage ones (TEPO) or every valid token (a control).
+    "mask_advantage": ("positive", "any"),
     # What to do when the mask rule's inputs are missing: "none" = raise; otherwise the rule to run instead.
     "mask_fallback": ("none", "surprisal_old", "off"),
     # Step 5: on masked tokens, add beta * D ("penalty") or drop the policy term ("drop").
@@ -34,6 +36,12 @@ MEANINGS: dict[str, str] = {
     "ratio_mode": "sequence: one geometric-mean ratio per response; prefix: geometric mean over tokens 1..t",
     "mask_rule": "entropy-falling test of the KL mask: "
     + ", ".join(f"{name} ({rule.test})" for name, rule in MASK_RULES.items()),
+    "mask_advantage": "positive: the mask selects positive-advantage tokens only (TEPO); any: every valid token "
+    "(a control, not the paper's)",
+    "mask_old_rtol": "relative tolerance of the old rule: it masks a token when H < (1 - mask_old_rtol) H_old "
+    "(0 <= r < 1; by default 2^-7, one bf16 unit in the last place)",
+    "mask_top_frac": "keep only this fraction (0 < f <= 1) of the tokens the mask selects in each micro-batch, those "
+    "with the largest p (l + H) A (a control, not the paper's; 1 = all)",
     "mask_fallback": "rule used when the mask rule's inputs are missing; none = raise an error",
     "mask_action": "penalty: add kl_coef*D on masked tokens; drop: remove the policy term on masked tokens",
     "kl_target": "old: KL of the current policy to the old policy; ref: to the reference model",
@@ -49,6 +57,9 @@ class TepoOptions:
 
     ratio_mode: str = "sequence"
     mask_rule: str = "surprisal_old"
+    mask_advantage: str = "positive"
+    mask_top_frac: float = 1.0
+    mask_old_rtol: float = 2.0**-7
     mask_fallback: str = "none"
     mask_action: str = "penalty"
     kl_target: str = "old"
@@ -66,6 +77,18 @@ class TepoOptions:
                 )
         if not isinstance(self.kl_coef, int | float) or not math.isfinite(self.kl_coef) or self.kl_coef < 0:
             raise ValueError(f"TEPO option kl_coef={self.kl_coef!r} must be a finite number >= 0")
+        if isinstance(self.mask_top_frac, bool) or not isinstance(self.mask_top_frac, int | float) or not (
+                0 < self.mask_top_frac <= 1):
+            raise ValueError(f"TEPO option mask_top_frac={self.mask_top_frac!r} must be a number in (0, 1] "
+                             f"({MEANINGS['mask_top_frac']})")
+        if isinstance(self.mask_old_rtol, bool) or not isinstance(self.mask_old_rtol, int | float) or not (
+                0 <= self.mask_old_rtol < 1):
+            raise ValueError(f"TEPO option mask_old_rtol={self.mask_old_rtol!r} must be a number in [0, 1) "
+                             f"({MEANINGS['mask_old_rtol']})")
+        if self.mask_top_frac < 1 and MASK_RULES[self.mask_rule].policy is None:
+            scored = [name for name, rule in MASK_RULES.items() if rule.policy is not None]
+            raise ValueError(f"TEPO option mask_top_frac={self.mask_top_frac!r} ranks tokens by p (l + H) A, which "
+                             f"mask_rule={self.mask_rule} does not read; valid mask rules with it: {', '.join(scored)}")
         if not isinstance(self.log_ratio_clamp, int | float) or not self.log_ratio_clamp > 0:
             raise ValueError(f"TEPO option log_ratio_clamp={self.log_ratio_clamp!r} must be a number > 0")
 

@@ -8,6 +8,12 @@ old-log-prob pass) and, for `kl_target=ref`, the reference log-probs (`data["ref
 loss through a context variable, and calls the stock `ppo_loss` unchanged (so its entropy bonus, KL loss and
 metric handling stay verl's). For every other loss mode it calls the stock `ppo_loss` directly: a no-op.
 
+TEPO reads the current entropy as a value only. With `entropy_coeff=0` verl's `ppo_loss` would still subtract
+0 * entropy from the loss and backpropagate zeros through the full-vocabulary entropy, so for `tepo` the adapter
+replaces the engine's `model_output["entropy"]` by its detached copy before anything reads it: the update and every
+metric are unchanged, the entropy's graph is freed before the backward and the backward skips it
+(`DETACH_ENTROPY`; with `entropy_coeff != 0` verl's entropy bonus needs the gradient and keeps it).
+
 For every loss mode it also says once per process, on stderr, when the log-probs' dtype cannot resolve the clip
 range (tepo_verl/verl_adapter/precision.py): a bf16 ratio cannot express GSPO-scale clipping.
 """
@@ -32,7 +38,8 @@ class TepoExtras:
     entropy: torch.Tensor | None = None
     old_entropy: torch.Tensor | None = None
     ref_log_prob: torch.Tensor | None = None
-    #: Metrics that need an aggregation other than MEAN (filled by the loss, e.g. the ratio min/max).
+    #: Metrics that need an aggregation other than verl's MEAN for policy-loss metrics (filled by the loss: the
+    #: token-weighted ratios, the ratio min/max).
     metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
@@ -90,11 +97,24 @@ def warn_once_on_coarse_log_probs(config, model_output) -> None:
         print(message, file=sys.stderr, flush=True)
 
 
+#: Detach the current entropy for `tepo` when verl's entropy bonus is off (module docstring). A switch for benchmarks
+#: that measure the step cost before and after; the product never turns it off.
+DETACH_ENTROPY = True
+
+
+def detach_entropy_in_place(config, model_output) -> None:
+    """Replace the engine's current entropy by its detached copy when no verl loss term needs its gradient."""
+    entropy = model_output.get("entropy", None)
+    if DETACH_ENTROPY and entropy is not None and entropy.requires_grad and config.get("entropy_coeff", 0.0) == 0:
+        model_output["entropy"] = entropy.detach()  # the engine's dict: the last reference to the entropy's graph
+
+
 def tepo_aware_ppo_loss(config, model_output, data, dp_group=None):
     """Drop-in for verl's ppo_loss: identical for every loss mode except `tepo` (see the module docstring)."""
     warn_once_on_coarse_log_probs(config, model_output)
     if loss_mode(config) != TEPO_LOSS_MODE:
         return _stock_ppo_loss(config, model_output, data, dp_group)
+    detach_entropy_in_place(config, model_output)
     extras = extract_extras(model_output, data)
     token = _EXTRAS.set(extras)
     try:
@@ -110,6 +130,9 @@ def install() -> None:
     global _stock_ppo_loss
     from verl.workers.utils import losses
 
+    from tepo_verl.verl_adapter import ratio_metric
+
+    ratio_metric.install()
     if _stock_ppo_loss is None:
         current = losses.ppo_loss
         _stock_ppo_loss = getattr(current, "__wrapped_stock__", current)

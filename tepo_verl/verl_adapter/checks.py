@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from tepo_verl.core.mask import MASK_INPUTS, MASK_RULES, required_inputs
@@ -80,7 +81,29 @@ def tepo_config_problems(config: Any) -> list[str]:
     return problems
 
 
+def tepo_config_warnings(config: Any) -> list[str]:
+    """What a valid TEPO config should know before it runs, one line each."""
+    policy_loss = _get(config, "actor_rollout_ref.actor.policy_loss")
+    if policy_loss is None or policy_loss.get("loss_mode", "vanilla") != TEPO_LOSS_MODE:
+        return []
+    warnings = []
+    rejection = _get(config, "algorithm.rollout_correction.rollout_rs", None)
+    if rejection and not _get(config, "algorithm.rollout_correction.bypass_mode", False):
+        warnings.append(
+            f"[tepo-verl] WARNING: algorithm.rollout_correction.rollout_rs={rejection} rejects tokens by zeroing "
+            "response_mask, but verl's loss normalisation still counts them (batch_num_tokens is taken from the "
+            "rollout's loss_mask, global_batch_size counts rejected responses), so every verl loss, TEPO's too, is "
+            "scaled down by the accepted share of each mini-batch. TEPO keeps that normalisation, so it stays "
+            "comparable with verl's GRPO, DAPO and GSPO under the same rejection; its tepo/ metrics count accepted "
+            "tokens only, and with a token-level mode (token_k*) a response's ratio s_i is the geometric mean over "
+            "its accepted tokens (docs/algorithm.md)."
+        )
+    return warnings
+
+
 def check_tepo_config(config: Any) -> None:
+    for warning in tepo_config_warnings(config):
+        print(warning, file=sys.stderr, flush=True)
     problems = tepo_config_problems(config)
     if problems:
         raise TepoConfigError("TEPO configuration error(s):\n" + "\n".join(f"  - {p}" for p in problems))

@@ -11,10 +11,11 @@ from verl.trainer.ppo.core_algos import agg_loss, register_adv_est, register_pol
 from verl.utils.metric import AggregationType, Metric
 
 from tepo_verl.core.advantage import group_relative_advantage
-from tepo_verl.core.loss import MissingInputError, tepo_policy_loss
+from tepo_verl.core.loss import MissingInputError, TepoLossOutput, tepo_policy_loss
 from tepo_verl.core.mask import MASK_INPUTS
 from tepo_verl.verl_adapter.actor_loss import current_extras
 from tepo_verl.verl_adapter.config import TEPO_ADV_ESTIMATOR, TEPO_LOSS_MODE, clip_ratios, tepo_options
+from tepo_verl.verl_adapter.ratio_metric import RatioMetric
 
 #: What provides the reference log-probs (kl_target=ref); the mask rules' tensors are in core.mask.MASK_INPUTS.
 REF_LOG_PROB_PROVIDER = ("the reference log-probs: a reference model, i.e. actor_rollout_ref.actor.use_kl_loss=True "
@@ -100,27 +101,42 @@ def compute_policy_loss_tepo(
         )
     except MissingInputError as error:
         raise ValueError(missing_input_message(error)) from error
-    return out.loss, verl_metrics(out.metrics, out.mask_rule, out.mask_fallback_used, extras)
+    return out.loss, verl_metrics(out, extras)
 
 
-def verl_metrics(core: dict[str, float], rule: str, fell_back: bool, extras) -> dict[str, Any]:
-    """Name the core metrics for verl's metric path; min/max go through the adapter with MIN/MAX aggregation."""
+#: The core metrics logged as `tepo/<name>` (README "Metrics"); the ratios are token- (or response-) weighted.
+TEPO_METRICS = ("mask_frac", "mask_frac_positive", "masked_kl_mean", "penalty_grad_ratio", "seq_ratio_mean",
+                "seq_clipfrac", "entropy", "entropy_delta", "surprisal_disagreement", "token_log_ratio_abs_mean",
+                "seq_ratio_min", "seq_ratio_max", "token_log_ratio_abs_max")
+_EXTREME_AGGREGATION = {"min": AggregationType.MIN, "max": AggregationType.MAX}
+
+
+def verl_metrics(out: TepoLossOutput, extras) -> dict[str, Any]:
+    """Name the core metrics for verl's metric path.
+
+    Through the ppo_loss adapter (`extras` given) every `tepo/` ratio goes out as a RatioMetric of its two sums and
+    the extremes with MIN/MAX aggregation, so that verl's reduction over micro-batches and ranks gives the
+    mini-batch's value. verl's own `actor/` names keep verl's convention (the mean of per-micro-batch values, as
+    every verl loss logs them), so they stay comparable across loss modes. Called without the adapter (verl's
+    registry alone), every metric is this micro-batch's plain value.
+    """
+    core, parts = out.metrics, out.metric_parts
     metrics: dict[str, Any] = {
         "actor/pg_clipfrac": core["token_clipfrac"],
         "actor/pg_clipfrac_lower": core["token_clipfrac_lower"],
         "actor/ppo_kl": core["ppo_kl"],
-        f"tepo/mask_rule/{rule}": 1.0,
-        "tepo/mask_fallback_used": float(fell_back),
+        f"tepo/mask_rule/{out.mask_rule}": 1.0,
+        "tepo/mask_fallback_used": float(out.mask_fallback_used),
     }
-    for name in ("mask_frac", "masked_kl_mean", "seq_ratio_mean", "seq_clipfrac", "entropy", "entropy_delta",
-                 "surprisal_disagreement"):
-        if name in core:
-            metrics[f"tepo/{name}"] = core[name]
-    extremes = {"tepo/seq_ratio_min": (core["seq_ratio_min"], AggregationType.MIN),
-                "tepo/seq_ratio_max": (core["seq_ratio_max"], AggregationType.MAX)}
-    for name, (value, aggregation) in extremes.items():
+    for name in TEPO_METRICS:
+        if name not in core:
+            continue
         if extras is None:
-            metrics[name] = value
+            metrics[f"tepo/{name}"] = core[name]
+        elif name in parts.ratios:
+            ratio = parts.ratios[name]
+            extras.metrics[f"tepo/{name}"] = RatioMetric(ratio.num, ratio.den, ratio.empty)
         else:
-            extras.metrics[name] = Metric(aggregation=aggregation, value=value)
+            value, kind = parts.extremes[name]
+            extras.metrics[f"tepo/{name}"] = Metric(aggregation=_EXTREME_AGGREGATION[kind], value=value)
     return metrics

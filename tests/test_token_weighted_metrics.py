@@ -1,0 +1,121 @@
+"""The TEPO metrics that verl logs for a mini-batch are the mini-batch's values, however verl splits it.
+
+The mini-batch goes through verl's own code end to end: `left_right_2_no_padding`, `prepare_micro_batches`
+(dynamic batch size, so the micro-batches differ in responses and tokens), the adapted `ppo_loss` per
+micro-batch, the engine's `postprocess_batch_func` (which collects each metric with `append_to_dict`) and the
+worker's per-mini-batch reduction `Metric.aggregate_dp` over data-parallel ranks. The expected values come from
+the float64 reference run once over the whole mini-batch.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+from batches import random_batch
+from engine_batch import mini_batch, model_output
+from tepo_reference import reference_tepo
+from verl.utils import tensordict_utils as tu
+from verl.utils.metric import Metric, reduce_metrics
+from verl.workers.engine.utils import postprocess_batch_func, prepare_micro_batches
+from verl.workers.utils import losses
+from verl_config import actor_config
+
+from tepo_verl.verl_adapter.ratio_metric import RatioMetric
+
+RATIOS = ("mask_frac", "mask_frac_positive", "masked_kl_mean", "penalty_grad_ratio", "seq_ratio_mean",
+          "seq_clipfrac", "entropy", "entropy_delta", "surprisal_disagreement", "token_log_ratio_abs_mean")
+EXTREMES = ("seq_ratio_min", "seq_ratio_max", "token_log_ratio_abs_max")
+LENGTHS = [1, 12, 3, 12, 2, 9, 1, 11, 4, 12, 7, 1]  # responses of very different lengths
+PROMPT_LENS = [2, 3, 1, 4, 2, 2, 3, 1, 2, 4, 1, 3]
+
+
+def the_batch():
+    batch = random_batch(seed=21, batch_size=len(LENGTHS), max_len=max(LENGTHS), drift=0.05, lengths=LENGTHS)
+    batch.advantages[[1, 3, 9]] = -batch.advantages[[1, 3, 9]].abs()  # long responses without masked tokens
+    return batch
+
+
+def rank_data(batch, rows, *, dp_size, tokens, max_token_len):
+    """One data-parallel rank's mini-batch `rows`, as the engine holds it (dynamic batch size)."""
+    sub = type(batch)(**{k: getattr(batch, k)[rows] for k in vars(batch)})
+    data = mini_batch(sub, [PROMPT_LENS[r] for r in rows], dp_size=dp_size, batch_num_tokens=tokens,
+                      global_batch_size=len(LENGTHS))
+    tu.assign_non_tensor(data, use_dynamic_bsz=True, max_token_len_per_gpu=max_token_len)
+    return data
+
+
+def rank_metrics(config, batch, rows, data, n_micro):
+    """The rank's micro-batches (verl's split, `n_micro` of them as the ranks agree) through the loss, and the
+    metrics the engine collects from them."""
+    micro, indices = prepare_micro_batches(data, min_num_micro_batch=n_micro)
+    outputs = []
+    for mb, idx in zip(micro, indices, strict=True):
+        rows_here = [rows[k] for k in idx]
+        out = model_output(batch.log_prob[rows_here], batch.entropy[rows_here], mb)
+        _, metrics = losses.ppo_loss(config, out, mb)
+        outputs.append({"metrics": metrics})
+    sizes = [(len(idx), sum(LENGTHS[rows[k]] for k in idx)) for idx in indices]  # (responses, tokens)
+    return postprocess_batch_func(outputs, indices, data)["metrics"], sizes
+
+
+def worker_reduction(per_rank: list[dict]) -> dict:
+    """What TrainingWorker.train_mini_batch does with the ranks' gathered metrics (allgather_dict_into_dict)."""
+    gathered = {key: [m[key] for m in per_rank] for key in per_rank[0]}
+    return {key: Metric.aggregate_dp(val) if isinstance(val[0], Metric) else val for key, val in gathered.items()}
+
+
+@pytest.mark.parametrize("ranks", [[list(range(12))], [[0, 2, 4, 6, 8, 10], [1, 3, 5, 7, 9, 11]]],
+                         ids=["dp1", "dp2"])
+def test_logged_metrics_are_the_whole_mini_batch_values(ranks):
+    config = actor_config(["+algorithm=tepo", "actor_rollout_ref.actor.clip_ratio_low=0.01",
+                           "actor_rollout_ref.actor.clip_ratio_high=0.02"])
+    batch = the_batch()
+    tokens = int(batch.response_mask.sum())
+    datas = [rank_data(batch, rows, dp_size=len(ranks), tokens=tokens, max_token_len=20) for rows in ranks]
+    n_micro = max(len(prepare_micro_batches(data)[0]) for data in datas)  # verl all-reduces the count (MAX)
+    per_rank, sizes = [], []
+    for rows, data in zip(ranks, datas, strict=True):
+        metrics, s = rank_metrics(config, batch, rows, data, n_micro)
+        per_rank.append(metrics)
+        sizes.append(s)
+    # micro-batches of different token counts on every rank, and of different response counts
+    assert all(len({tok for _, tok in s}) > 1 for s in sizes) and len({n for s in sizes for n, _ in s}) > 1, sizes
+    logged = worker_reduction(per_rank)
+
+    _, expected = reference_tepo(batch.log_prob, batch.old_log_prob, batch.advantages, batch.response_mask,
+                                 lo=0.01, hi=0.02, opts=config.policy_loss.tepo, entropy=batch.entropy,
+                                 old_entropy=batch.old_entropy)
+    for name in RATIOS + EXTREMES:
+        assert logged[f"tepo/{name}"] == pytest.approx(expected[name], rel=1e-10, abs=1e-13), name
+    for name in ("mask_frac", "masked_kl_mean", "mask_frac_positive", "seq_clipfrac"):
+        assert 0 < expected[name]
+    # The unweighted mean over micro-batches (verl's MEAN for a per-micro-batch ratio) would be off.
+    naive = {}
+    for name in ("mask_frac", "masked_kl_mean", "mask_frac_positive", "entropy"):
+        values = [n / d if d else 0.0 for rank in per_rank for n, d in rank[f"tepo/{name}"].values]
+        naive[name] = sum(values) / len(values)
+        assert abs(naive[name] - expected[name]) > 1e-3 * abs(expected[name]), name
+    # The driver averages each actor metric over the step's mini-batches: one mini-batch here, its value.
+    step = reduce_metrics({f"actor/{k}": [v] for k, v in logged.items() if k.startswith("tepo/")})
+    assert step["actor/tepo/mask_frac"] == pytest.approx(expected["mask_frac"], rel=1e-10)
+
+
+def test_ratio_metric_merges_and_reduces_as_a_ratio_of_sums():
+    a = RatioMetric(1.0, 4.0)
+    collected = a.init_list()
+    collected.append(a)
+    collected.append(RatioMetric(0.0, 0.0))  # a micro-batch where the metric is undefined weighs nothing
+    collected.append(RatioMetric(3.0, 4.0))
+    assert collected.aggregate() == 0.5 and Metric.aggregate_dp([collected, RatioMetric(2.0, 2.0)]) == 0.6
+    shipped = pickle.loads(pickle.dumps(collected))  # as allgather_dict_into_dict ships it between ranks
+    assert type(shipped) is RatioMetric and shipped.values == collected.values and shipped.aggregate() == 0.5
+    assert RatioMetric(0.0, 0.0, empty=1.0).aggregate() == 1.0
+    with pytest.raises(ValueError, match="cannot merge"):
+        collected.append(Metric("sum", 1.0))
+    # every other metric is still reduced by verl's own code
+    ranks = [Metric("mean"), Metric("mean")]
+    ranks[0].extend([1.0, 3.0])
+    ranks[1].extend([3.0, 7.0])
+    assert Metric.aggregate_dp(ranks) == 3.5
