@@ -300,7 +300,8 @@ def test_val_only_evaluates_one_checkpoint_in_full(tmp_path):
 
 
 @pytest.mark.parametrize("env,message", [
-    ({"ALGO": "ppo"}, "unknown ALGO='ppo'; valid: tepo tepo_nomask gspo grpo dapo"),
+    ({"ALGO": "ppo"}, "unknown ALGO='ppo'; valid: " + " ".join(sorted(p.stem for p in (
+        REPO / "tepo_verl" / "config" / "algorithm").glob("*.yaml")))),
     ({"MODEL_PATH": ""}, "MODEL_PATH is empty"),
     ({"MODEL_PATH": "/nonexistent/model"}, "MODEL_PATH='/nonexistent/model' is not an existing folder"),
     ({"MAX_CKPT_TO_KEEP": "all"}, "MAX_CKPT_TO_KEEP must be an integer >= 1, got 'all'"),
