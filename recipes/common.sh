@@ -22,7 +22,9 @@
 #   GPU_MEMORY_UTILIZATION  vLLM's share of each GPU                                       [recipe]
 #   OFFLOAD         1 = actor parameters + optimizer to CPU between phases                 [recipe]
 #   SP              Ulysses sequence-parallel size of the FSDP actor (and the reference)   [1]
-#   OUTPUT_DIR      checkpoints, validation generations, file-logger JSONL                 [$PWD/runs]
+#   OUTPUT_DIR      checkpoints, validation generations, file-logger JSONL (on a shared filesystem for several
+#                   nodes: docs/recipes.md)                                                [$PWD/runs]
+#   RAY_ADDRESS     a Ray cluster started beforehand (`ray start`; every multi-node job)   [none: a local Ray]
 #   EXPERIMENT      experiment name                                                        [<algo>-<model tag>-seed<SEED>]
 #   PROJECT         project name                                                           [tepo-verl]
 #   LOGGER          verl loggers, e.g. console,file,wandb                                  [console,file; val-only: console]
@@ -68,6 +70,12 @@ check_model_path() {
 # require_int NAME VALUE MIN: VALUE is an integer >= MIN, else a one-line error naming it.
 require_int() {
   [[ "$2" =~ ^-?[0-9]+$ ]] && (( $2 >= $3 )) || die "$1 must be an integer >= $3, got '$2'"
+}
+
+# VALUE -> 'VALUE', a Hydra quoted string (a number or a path stays a string; quotes in it are escaped)
+hydra_quoted() {
+  local value=${1//\'/\\\'}
+  printf "'%s'" "$value"
 }
 
 # "a,b,c" -> '["a","b","c"]' (a Hydra list literal)
@@ -309,6 +317,7 @@ run_recipe() {
     # --- cheap validation during training (docs/recipes.md: ~15% of the training generations)
     local val_n=${VAL_N:-1}
     require_int VAL_N "$val_n" 1
+    local metrics_file=${VERL_FILE_LOGGER_PATH:-$output_dir/$experiment/metrics.jsonl}
     args+=(
       "actor_rollout_ref.rollout.val_kwargs.n=$val_n"
       "data.val_max_samples=$val_max"
@@ -316,13 +325,20 @@ run_recipe() {
       "trainer.test_freq=$test_freq"
       "trainer.logger=$(hydra_list "${LOGGER:-console,file}")"
       "trainer.validation_data_dir=$output_dir/$experiment/val_generations"
+      # through verl's runtime env: verl's file logger runs in the trainer, a Ray actor, which on a cluster started
+      # beforehand (`ray start`, every multi-node job) does not see what this shell exports
+      "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH=$(hydra_quoted "$metrics_file")"
     )
-    export VERL_FILE_LOGGER_PATH=${VERL_FILE_LOGGER_PATH:-$output_dir/$experiment/metrics.jsonl}
   fi
 
   if [[ "${DRY_RUN:-0}" == 1 ]]; then
     exec python -m verl.trainer.main_ppo "${args[@]}" "$@" --cfg job
   fi
   mkdir -p "$output_dir/$experiment"
+  if [[ "$val_only" == 0 ]]; then
+    # verl's file logger truncates its file: a run that resumes from a checkpoint keeps the metrics so far as a
+    # segment, which `tepo-verl compare` reads with the rest of the run
+    python -m tepo_verl.report.runs keep-segments "$metrics_file" "$output_dir/$experiment/checkpoints" "${args[@]}" "$@"
+  fi
   exec python -m verl.trainer.main_ppo "${args[@]}" "$@"
 }
