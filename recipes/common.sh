@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Shared body of the GPU recipes: FSDP2 actor + vLLM rollout on verl's stock entry point (verl 0.9.1 keys).
+# Shared body of the GPU recipes: FSDP2 (or Megatron) actor + vLLM rollout on verl's stock entry point (verl 0.9.1
+# keys).
 # A model recipe sets MODEL_* defaults and calls `run_recipe "$@"`. ALGO selects the preset and is the ONLY
 # thing that differs between algorithms, so a comparison is fair by construction. Every number is reasoned in
 # docs/recipes.md (memory, rollout TP, token budgets, validation cost, checkpoint disk use).
 #
 # Environment (defaults in brackets; [recipe] = set by the model recipe):
-#   ALGO            tepo | tepo_nomask | gspo | grpo | dapo                               [tepo]
+#   ALGO            a preset of tepo_verl/config/algorithm/ (tepo, tepo_nomask, gspo, grpo, dapo, ...)  [tepo]
+#   ENGINE          fsdp | megatron: the actor's (and reference's) training engine            [fsdp]
+#   MEGATRON_TP, MEGATRON_PP, MEGATRON_CP  Megatron tensor / pipeline / context parallel sizes  [recipe, else 1]
 #   MODEL_PATH      HF hub id or local folder                                             [recipe]
 #   MODEL_CONTEXT   the model's context in tokens, for the length guard                   [a local folder's config.json
 #                   max_position_embeddings, else the recipe's model]
@@ -18,8 +21,10 @@
 #   ROLLOUT_TP      vLLM tensor-parallel size                                              [recipe]
 #   GPU_MEMORY_UTILIZATION  vLLM's share of each GPU                                       [recipe]
 #   OFFLOAD         1 = actor parameters + optimizer to CPU between phases                 [recipe]
-#   SP              Ulysses sequence-parallel size of the actor (and the reference)        [1]
-#   OUTPUT_DIR      checkpoints, validation generations, file-logger JSONL                 [$PWD/runs]
+#   SP              Ulysses sequence-parallel size of the FSDP actor (and the reference)   [1]
+#   OUTPUT_DIR      checkpoints, validation generations, file-logger JSONL (on a shared filesystem for several
+#                   nodes: docs/recipes.md)                                                [$PWD/runs]
+#   RAY_ADDRESS     a Ray cluster started beforehand (`ray start`; every multi-node job)   [none: a local Ray]
 #   EXPERIMENT      experiment name                                                        [<algo>-<model tag>-seed<SEED>]
 #   PROJECT         project name                                                           [tepo-verl]
 #   LOGGER          verl loggers, e.g. console,file,wandb                                  [console,file; val-only: console]
@@ -39,7 +44,8 @@
 
 set -euo pipefail
 
-VALID_ALGOS=(tepo tepo_nomask gspo grpo dapo)
+PRESET_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/../tepo_verl/config/algorithm" && pwd)"
+mapfile -t VALID_ALGOS < <(cd "$PRESET_DIR" && ls -1 *.yaml | sed 's/\.yaml$//' | sort)
 
 die() {
   echo "error: $*" >&2
@@ -64,6 +70,12 @@ check_model_path() {
 # require_int NAME VALUE MIN: VALUE is an integer >= MIN, else a one-line error naming it.
 require_int() {
   [[ "$2" =~ ^-?[0-9]+$ ]] && (( $2 >= $3 )) || die "$1 must be an integer >= $3, got '$2'"
+}
+
+# VALUE -> 'VALUE', a Hydra quoted string (a number or a path stays a string; quotes in it are escaped)
+hydra_quoted() {
+  local value=${1//\'/\\\'}
+  printf "'%s'" "$value"
 }
 
 # "a,b,c" -> '["a","b","c"]' (a Hydra list literal)
@@ -176,6 +188,49 @@ run_recipe() {
   require_int TRAIN_BATCH_SIZE "$train_batch" 1
   (( (nnodes * gpus) % tp == 0 )) || die "ROLLOUT_TP=$tp does not divide the $((nnodes * gpus)) GPUs (NNODES x GPUS_PER_NODE)"
 
+  # --- the training engine of the actor and the reference (docs/recipes.md: FSDP2, or Megatron with TP/PP/CP)
+  local engine=${ENGINE:-fsdp}
+  local engine_args=()
+  case "$engine" in
+    fsdp)
+      engine_args=(
+        "actor_rollout_ref.model.enable_gradient_checkpointing=True"
+        "actor_rollout_ref.actor.strategy=fsdp2"
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size=$sp"
+        # acts only where the update pass computes the entropy with gradient (calculate_entropy=True, e.g. the TEPO
+        # mask rules surprisal/old): recompute it in backward instead of keeping a vocabulary-sized tensor
+        "actor_rollout_ref.actor.entropy_checkpointing=True"
+        "actor_rollout_ref.actor.fsdp_config.param_offload=$offload"
+        "actor_rollout_ref.actor.fsdp_config.optimizer_offload=$offload"
+      )
+      ;;
+    megatron)
+      (( sp == 1 )) || die "SP=$sp is the FSDP engine's Ulysses sequence parallelism; with ENGINE=megatron set MEGATRON_CP"
+      local mtp=${MEGATRON_TP:-${MODEL_MEGATRON_TP:-1}} mpp=${MEGATRON_PP:-${MODEL_MEGATRON_PP:-1}}
+      local mcp=${MEGATRON_CP:-${MODEL_MEGATRON_CP:-1}}
+      require_int MEGATRON_TP "$mtp" 1
+      require_int MEGATRON_PP "$mpp" 1
+      require_int MEGATRON_CP "$mcp" 1
+      (( mtp <= gpus )) || die "MEGATRON_TP=$mtp exceeds GPUS_PER_NODE=$gpus (tensor parallelism stays inside a node)"
+      (( (nnodes * gpus) % (mtp * mpp * mcp) == 0 )) || die "MEGATRON_TP x MEGATRON_PP x MEGATRON_CP = $mtp x $mpp x $mcp does not divide the $((nnodes * gpus)) GPUs (NNODES x GPUS_PER_NODE)"
+      # verl's Megatron config (model_engine=megatron, what --config-name ppo_megatron_trainer selects); the
+      # reference follows the actor's parallel sizes and offload
+      engine_args=(
+        "model_engine=megatron"
+        "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=$mtp"
+        "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=$mpp"
+        "actor_rollout_ref.actor.megatron.context_parallel_size=$mcp"
+        "actor_rollout_ref.actor.megatron.param_offload=$offload"
+        "actor_rollout_ref.actor.megatron.optimizer_offload=$offload"
+        # full activation recompute, one layer at a time (the FSDP recipes' gradient checkpointing)
+        "actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity=full"
+        "actor_rollout_ref.actor.megatron.override_transformer_config.recompute_method=uniform"
+        "actor_rollout_ref.actor.megatron.override_transformer_config.recompute_num_layers=1"
+      )
+      ;;
+    *) die "ENGINE must be fsdp or megatron, got '$engine'" ;;
+  esac
+
   local reward_file
   reward_file=$(python -c 'import tepo_verl.reward.math_reward as m; print(m.__file__)') \
     || die "cannot import tepo_verl (pip install -e . in this environment)"
@@ -192,11 +247,10 @@ run_recipe() {
     "data.filter_overlong_prompts=True"
     "data.truncation=error"
     "data.seed=$seed"
-    # --- model and FSDP2 actor (the reference model follows actor.strategy; verl always keeps it CPU-offloaded)
+    # --- model and actor (the reference model follows the actor's engine)
     "actor_rollout_ref.model.path=$MODEL_PATH"
     "actor_rollout_ref.model.use_remove_padding=True"
-    "actor_rollout_ref.model.enable_gradient_checkpointing=True"
-    "actor_rollout_ref.actor.strategy=fsdp2"
+    "${engine_args[@]}"
     "actor_rollout_ref.actor.optim.lr=1e-6"
     "actor_rollout_ref.actor.optim.lr_warmup_steps=10"
     "actor_rollout_ref.actor.optim.weight_decay=0.1"
@@ -207,13 +261,7 @@ run_recipe() {
     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=$train_tokens"
     "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=$logprob_tokens"
     "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=$logprob_tokens"
-    "actor_rollout_ref.actor.ulysses_sequence_parallel_size=$sp"
-    # acts only where the update pass computes the entropy with gradient (calculate_entropy=True, e.g. the TEPO
-    # mask rules surprisal/old): recompute it in backward instead of keeping a vocabulary-sized tensor
-    "actor_rollout_ref.actor.entropy_checkpointing=True"
     "actor_rollout_ref.actor.data_loader_seed=$seed"
-    "actor_rollout_ref.actor.fsdp_config.param_offload=$offload"
-    "actor_rollout_ref.actor.fsdp_config.optimizer_offload=$offload"
     # --- vLLM rollout: group size 8, temperature 1.0 for training, sampled validation
     "actor_rollout_ref.rollout.name=vllm"
     "actor_rollout_ref.rollout.n=8"
@@ -269,6 +317,7 @@ run_recipe() {
     # --- cheap validation during training (docs/recipes.md: ~15% of the training generations)
     local val_n=${VAL_N:-1}
     require_int VAL_N "$val_n" 1
+    local metrics_file=${VERL_FILE_LOGGER_PATH:-$output_dir/$experiment/metrics.jsonl}
     args+=(
       "actor_rollout_ref.rollout.val_kwargs.n=$val_n"
       "data.val_max_samples=$val_max"
@@ -276,13 +325,20 @@ run_recipe() {
       "trainer.test_freq=$test_freq"
       "trainer.logger=$(hydra_list "${LOGGER:-console,file}")"
       "trainer.validation_data_dir=$output_dir/$experiment/val_generations"
+      # through verl's runtime env: verl's file logger runs in the trainer, a Ray actor, which on a cluster started
+      # beforehand (`ray start`, every multi-node job) does not see what this shell exports
+      "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH=$(hydra_quoted "$metrics_file")"
     )
-    export VERL_FILE_LOGGER_PATH=${VERL_FILE_LOGGER_PATH:-$output_dir/$experiment/metrics.jsonl}
   fi
 
   if [[ "${DRY_RUN:-0}" == 1 ]]; then
     exec python -m verl.trainer.main_ppo "${args[@]}" "$@" --cfg job
   fi
   mkdir -p "$output_dir/$experiment"
+  if [[ "$val_only" == 0 ]]; then
+    # verl's file logger truncates its file: a run that resumes from a checkpoint keeps the metrics so far as a
+    # segment, which `tepo-verl compare` reads with the rest of the run
+    python -m tepo_verl.report.runs keep-segments "$metrics_file" "$output_dir/$experiment/checkpoints" "${args[@]}" "$@"
+  fi
   exec python -m verl.trainer.main_ppo "${args[@]}" "$@"
 }

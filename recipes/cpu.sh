@@ -99,6 +99,17 @@ export VERL_FILE_LOGGER_PATH="${VERL_FILE_LOGGER_PATH:-$RUN_DIR/metrics.jsonl}"
 # transfer_queue asks torch for 8 threads and warns (hundreds of lines from every Ray worker) on smaller machines.
 export TQ_NUM_THREADS="${TQ_NUM_THREADS:-$("$PY" -c 'import psutil; print(min(8, psutil.cpu_count(logical=False) or 1))')}"
 
+# The variables above reach every Ray process through verl's runtime env (ray_kwargs.ray_init.runtime_env): on a Ray
+# cluster started beforehand (`ray start`, then RAY_ADDRESS=...), what this shell exports reaches the driver alone.
+# Such a cluster has its resources already, so ray.init must not be given num_cpus/num_gpus there.
+hydra_quoted() { local value=${1//\'/\\\'}; printf "'%s'" "$value"; }
+RAY_ARGS=()
+for name in TEPO_VERL_CPU VERL_PLATFORM VERL_ENGINE_DEVICE VLLM_CPU_KVCACHE_SPACE VLLM_CPU_OMP_THREADS_BIND \
+            TOKENIZERS_PARALLELISM VERL_FILE_LOGGER_PATH TQ_NUM_THREADS; do
+  [[ -n "${!name-}" ]] && RAY_ARGS+=("+ray_kwargs.ray_init.runtime_env.env_vars.$name=$(hydra_quoted "${!name}")")
+done
+[[ -n "${RAY_ADDRESS:-}" ]] || RAY_ARGS+=(ray_kwargs.ray_init.num_cpus=16 +ray_kwargs.ray_init.num_gpus=1)
+
 if [[ "$DRY_RUN" == 1 ]]; then
   TINY_DIR="${TINY_DIR:-$("$PY" -m tepo_verl.tiny build --task "$TASK" --print dir --dry-run)}"
   unset TEPO_VERL_CPU VERL_PLATFORM VERL_ENGINE_DEVICE   # composing the config needs no CPU mode
@@ -167,8 +178,7 @@ run_verl() {
   trainer.default_local_dir="$RUN_DIR/checkpoints" \
   trainer.validation_data_dir="$RUN_DIR/val_generations" \
   'trainer.logger=["console","file"]' \
-  ray_kwargs.ray_init.num_cpus=16 \
-  +ray_kwargs.ray_init.num_gpus=1 \
+  "${RAY_ARGS[@]}" \
   transfer_queue.backend.SimpleStorage.num_data_storage_units=1 \
   ${PRECISION_OVERRIDES[@]+"${PRECISION_OVERRIDES[@]}"} \
   "$@"
@@ -179,8 +189,10 @@ if [[ "$DRY_RUN" == 1 ]]; then
   exit $?
 fi
 
-echo "[cpu.sh] ALGO=$ALGO TASK=$TASK PRECISION=$PRECISION STEPS=$STEPS RUN_DIR=$RUN_DIR TINY_DIR=$TINY_DIR"
+echo "[cpu.sh] ALGO=$ALGO TASK=$TASK PRECISION=$PRECISION STEPS=$STEPS RUN_DIR=$RUN_DIR TINY_DIR=$TINY_DIR${RAY_ADDRESS:+ RAY_ADDRESS=$RAY_ADDRESS}"
 echo "[cpu.sh] file logger: $VERL_FILE_LOGGER_PATH"
+# verl's file logger truncates its file: a run that resumes from a checkpoint keeps the metrics so far as a segment
+"$PY" -m tepo_verl.report.runs keep-segments "$VERL_FILE_LOGGER_PATH" "$RUN_DIR/checkpoints" "$@"
 cd "$RUN_DIR"
 set -o pipefail
 if [[ "${QUIET:-0}" == 1 ]]; then

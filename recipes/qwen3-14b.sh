@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The TEPO paper's setup with Qwen3-14B, 1 node x 8 GPUs (80 GB). ALGO=tepo|tepo_nomask|gspo|grpo|dapo.
+# The TEPO paper's setup with Qwen3-14B, 1 node x 8 GPUs (80 GB). ALGO=tepo|tepo_nomask|gspo|grpo|dapo|...,
+# ENGINE=fsdp (default) or megatron.
 #
 # From the paper (section 4.1 / Table 4 as reported by a third-party reading of the full text, a secondary source,
 # not the authors' code or our own reading): Qwen3-14B; DAPO-Math-17k; 64 prompts x 8 samples per step; 8 updates
@@ -19,6 +20,10 @@
 #   parallelism: one 10240-token sequence fits a GPU.
 # - Validation during training: full suite, 1 sample, every 20 steps = 25k generations (16% of 154k training ones).
 #   Checkpoints: 177 GB each (12 bytes/parameter), every 50 steps, 2 kept = 354 GB per run.
+# - ENGINE=megatron: TP 4, PP 1, CP 1 (docs/recipes.md). Per GPU: bf16 params + fp32 grads 6 bytes/param / TP 4 =
+#   22.2 GB, fp32 master + Adam 12 bytes/param sharded over all 8 GPUs (distributed optimizer) = 22.2 GB; offloaded
+#   during rollout as above. One 10240-token sequence needs no context parallelism, and 14.8B fits without pipeline
+#   stages (no bubbles). 40 query / 8 KV heads split evenly over TP 4.
 MODEL_DEFAULT_PATH=Qwen/Qwen3-14B
 MODEL_DEFAULT_CONTEXT=40960
 MODEL_TAG=qwen3-14b
@@ -35,5 +40,8 @@ MODEL_TOTAL_STEPS=300            # ours
 MODEL_TEST_FREQ=20
 MODEL_VAL_MAX_SAMPLES=-1
 MODEL_SAVE_FREQ=50
+MODEL_MEGATRON_TP=4              # ENGINE=megatron only
+MODEL_MEGATRON_PP=1
+MODEL_MEGATRON_CP=1
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 run_recipe "$@"

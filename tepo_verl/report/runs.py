@@ -1,8 +1,16 @@
-"""Read verl `file`-logger JSONL runs (one {"step": s, "data": {metric: value}} object per line)."""
+"""Read verl `file`-logger JSONL runs (one {"step": s, "data": {metric: value}} object per line).
+
+A run that resumed from a checkpoint has several segments: verl's file logger truncates its file when it opens it,
+so before a resumed run starts the recipes move the file aside (`keep_segments`): `metrics.jsonl` is the latest
+segment, `metrics.segment-1.jsonl`, `metrics.segment-2.jsonl`, ... the earlier ones in order. Reading a run reads
+its segments as one run ordered by step; where a step appears in two segments, the later segment's value of each
+metric wins (a resumed run recomputes the steps after its checkpoint, and validates again at the checkpoint's step).
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 import math
 import re
@@ -30,6 +38,7 @@ PENALTY_GRAD_RATIO = "actor/tepo/penalty_grad_ratio"
 VAL_CORE = re.compile(r"^val-core/(?P<source>.+)/(?P<var>acc|reward)/mean@\d+$")
 
 _SEED_SUFFIX = re.compile(r"[-_.]?(seed|s)(?P<seed>\d+)$")
+_SEGMENT = re.compile(r"^(?P<base>.+)\.segment-(?P<number>[1-9]\d*)\.jsonl$")
 
 
 class RunError(Exception):
@@ -94,36 +103,79 @@ def is_file_logger_run(path: Path) -> bool:
     return isinstance(record, dict) and "step" in record and isinstance(record.get("data"), dict)
 
 
+def base_of_segment(path: Path) -> Path | None:
+    """`metrics.segment-2.jsonl` -> `metrics.jsonl` (the run it belongs to); None for any other file."""
+    match = _SEGMENT.match(path.name)
+    return path.with_name(f"{match['base']}.jsonl") if match else None
+
+
+def segments(path: Path) -> list[Path]:
+    """The files of the run whose latest segment is `path`, earliest first (`path` last, where it exists)."""
+    numbered = {}
+    for candidate in path.parent.glob(glob.escape(path.stem) + ".segment-*.jsonl"):
+        match = _SEGMENT.match(candidate.name)
+        if match and match["base"] == path.stem:
+            numbered[int(match["number"])] = candidate
+    return [numbered[n] for n in sorted(numbered)] + ([path] if path.is_file() else [])
+
+
+def keep_segments(metrics: Path, resuming: bool) -> str | None:
+    """Before a run opens `metrics` (verl's file logger truncates it): when the run resumes from a checkpoint, move
+    the file aside as the next segment; when it starts afresh, the earlier segments belong to the run it replaces,
+    so remove them. Returns what was done, as a line to print, or None."""
+    earlier = segments(metrics)[:-1] if metrics.is_file() else segments(metrics)
+    if not resuming:
+        for segment in earlier:
+            segment.unlink()
+        return f"fresh start: removed {len(earlier)} earlier segment(s) of the run it replaces" if earlier else None
+    if not metrics.is_file() or metrics.stat().st_size == 0:
+        return None
+    numbers = [int(_SEGMENT.match(f.name)["number"]) for f in earlier]
+    target = metrics.with_name(f"{metrics.stem}.segment-{max(numbers, default=0) + 1}.jsonl")
+    metrics.rename(target)
+    return f"resuming: kept the metrics so far as {target.name} (tepo-verl compare reads the segments as one run)"
+
+
 def parse_run_spec(spec: str) -> list[tuple[str | None, Path]]:
     """`LABEL=PATH` or `PATH`; PATH is a .jsonl file, or a folder searched for file-logger *.jsonl files (other
-    jsonl files there, such as validation dumps, are passed over)."""
+    jsonl files there, such as validation dumps, are passed over). A run's earlier segments are not runs of their
+    own: they are read with it."""
     label, _, path_text = spec.rpartition("=") if "=" in spec else (None, "", spec)
     path = Path(path_text)
     if path.is_dir():
-        files = [f for f in sorted(path.rglob("*.jsonl")) if is_file_logger_run(f)]
+        found = [f for f in sorted(path.rglob("*.jsonl")) if is_file_logger_run(f)]
+        files = sorted({base_of_segment(f) or f for f in found})
         if not files:
             raise RunError(f"no verl file-logger *.jsonl file under {path}")
         return [(label or None, f) for f in files]
-    if not path.is_file():
+    path = base_of_segment(path) or path
+    if not segments(path):
         raise RunError(f"run file {path} does not exist (give a verl file-logger .jsonl or a folder)")
     return [(label or None, path)]
 
 
 def load_run(path: Path, label: str | None = None) -> Run:
+    """The run whose latest segment is `path`, with every earlier segment (`segments`): one record per step, the
+    later segment's value winning for each metric."""
     metrics: dict[int, dict[str, float]] = {}
-    try:
-        with open(path, encoding="utf-8") as handle:
-            for number, line in enumerate(handle, 1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                    step, data = int(record["step"]), record["data"]
-                    metrics.setdefault(step, {}).update(data)
-                except (ValueError, KeyError, TypeError) as error:
-                    raise RunError(f"{path}:{number}: not a verl file-logger record ({error})") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise RunError(f"cannot read run file {path}: {error}") from None
+    files = segments(path)
+    if not files:
+        raise RunError(f"cannot read run file {path}: it does not exist")
+    for segment in files:
+        try:
+            with open(segment, encoding="utf-8") as handle:
+                for number, line in enumerate(handle, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        record = json.loads(line)
+                        step, data = int(record["step"]), record["data"]
+                        metrics.setdefault(step, {}).update(data)
+                    except (ValueError, KeyError, TypeError) as error:
+                        raise RunError(f"{segment}:{number}: not a verl file-logger record ({error})") from None
+        except (OSError, UnicodeDecodeError) as error:
+            raise RunError(f"cannot read run file {segment}: {error}") from None
+    metrics = dict(sorted(metrics.items()))
     if not metrics:
         raise RunError(f"{path}: no file-logger records")
     return Run(label=label or default_label(path), path=path, metrics=metrics)
@@ -140,3 +192,49 @@ def load_runs(specs: list[str]) -> list[Run]:
             raise RunError(f"two runs of {run.label} with seed {run.seed}: {other} and {run.path} "
                            "(seeds pair runs across algorithms; give one of them another LABEL=)")
     return runs
+
+
+def override_value(overrides: list[str], key: str) -> str | None:
+    """The value of the last `key=V` (or +key=V / ++key=V) among Hydra overrides, as Hydra lets the last one win."""
+    values = [arg.lstrip("+").split("=", 1)[1] for arg in overrides if arg.lstrip("+").split("=", 1)[0] == key
+              and "=" in arg]
+    return values[-1].strip("'\"") if values else None
+
+
+def will_resume(checkpoints: Path, overrides: list[str]) -> bool:
+    """Whether verl's trainer, given these overrides, resumes from a checkpoint (trainer.resume_mode, default auto:
+    the latest checkpoint under trainer.default_local_dir, found as verl finds it)."""
+    mode = override_value(overrides, "trainer.resume_mode") or "auto"
+    if mode == "disable":
+        return False
+    if mode == "resume_path":
+        return override_value(overrides, "trainer.resume_from_path") not in (None, "null")
+    import contextlib
+    import io
+
+    from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
+
+    folder = override_value(overrides, "trainer.default_local_dir") or str(checkpoints)
+    with contextlib.redirect_stdout(io.StringIO()):  # it prints a line when there is no checkpoint
+        return find_latest_ckpt_path(folder) is not None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m tepo_verl.report.runs keep-segments METRICS CHECKPOINTS [VERL OVERRIDES...]`: what the recipes run
+    before verl's trainer opens METRICS (see keep_segments)."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) < 3 or args[0] != "keep-segments":
+        print("usage: python -m tepo_verl.report.runs keep-segments METRICS CHECKPOINTS [VERL OVERRIDES...]",
+              file=sys.stderr)
+        return 2
+    metrics, checkpoints, overrides = Path(args[1]), Path(args[2]), args[3:]
+    message = keep_segments(metrics, will_resume(checkpoints, overrides))
+    if message:
+        print(f"[tepo-verl] {metrics}: {message}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,4 +1,5 @@
-"""Misconfigurations caught in the driver before any worker starts (hooked into verl's `validate_config`)."""
+"""Misconfigurations caught in the driver before any worker starts (hooked into verl's `validate_config`): a strategy
+override on a config composed for another engine (any algorithm), and every TEPO misconfiguration."""
 
 from __future__ import annotations
 
@@ -101,7 +102,34 @@ def tepo_config_warnings(config: Any) -> list[str]:
     return warnings
 
 
+_TO_FSDP = ("compose verl's default (FSDP) config instead: drop --config-name ppo_megatron_trainer / "
+            "model_engine=megatron")
+#: strategy -> (the config section verl's engine of that strategy reads, how to compose a config that has it)
+_ENGINE_SECTIONS = {
+    "megatron": ("megatron", "compose verl's Megatron config instead: python -m verl.trainer.main_ppo --config-name "
+                             "ppo_megatron_trainer ... (or model_engine=megatron), which sets the strategy itself"),
+    "fsdp": ("fsdp_config", _TO_FSDP),
+    "fsdp2": ("fsdp_config", _TO_FSDP),
+}
+
+
+def engine_config_problem(config: Any) -> str | None:
+    """A strategy override on a config composed for another engine (e.g. strategy=megatron on the FSDP config, which
+    verl would reject with an OmegaConf traceback, or crash on at worker start), as one line."""
+    for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref"):
+        node = _get(config, role)
+        strategy = _get(node, "strategy")
+        if strategy in _ENGINE_SECTIONS and node.get(_ENGINE_SECTIONS[strategy][0], None) is None:
+            section, remedy = _ENGINE_SECTIONS[strategy]
+            return (f"{role}.strategy={strategy} on a config without {role}.{section} (composed for another "
+                    f"engine): {remedy}")
+    return None
+
+
 def check_tepo_config(config: Any) -> None:
+    engine_problem = engine_config_problem(config)
+    if engine_problem:
+        raise TepoConfigError(engine_problem)
     for warning in tepo_config_warnings(config):
         print(warning, file=sys.stderr, flush=True)
     problems = tepo_config_problems(config)

@@ -1,7 +1,10 @@
 """Entry point of the `verl.plugins` group: `import verl` calls `load()` in every verl process.
 
-verl logs a failing plugin at debug level only, so `load()` never lets a failure pass silently: it prints the
-error to stderr and registers `tepo` stubs that raise it the moment `tepo` is selected.
+Before installing anything, `load()` checks the installed verl: its version (version_check.py) and every assumption
+the adapter makes about its internals (contract.py). verl logs a failing plugin at debug level only, so `load()`
+never lets a failure pass silently: it prints the error to stderr, registers `tepo` stubs that raise it the moment
+`tepo` is selected in a worker, and, in the driver, refuses a config that selects `tepo` in verl's
+`validate_config` (one line, before Ray starts).
 """
 
 from __future__ import annotations
@@ -16,9 +19,11 @@ LOAD_ERROR: BaseException | None = None
 def _install() -> None:
     __import__("tepo_verl.cpu").cpu.maybe_install()  # opt-in CPU mode (TEPO_VERL_CPU=1); a no-op otherwise
     from tepo_verl.verl_adapter import actor_loss, checks, cli, registry  # noqa: F401  (registers `tepo`)
+    from tepo_verl.verl_adapter.contract import check_contract
     from tepo_verl.verl_adapter.version_check import check_verl_version
 
     check_verl_version()
+    check_contract()
     actor_loss.install()
     __import__("tepo_verl.verl_adapter.run_metrics", fromlist=["install"]).install()  # metrics for compare
     _wrap_validate_config(checks.check_tepo_config)
@@ -53,6 +58,45 @@ def _wrap_validate_config(check) -> None:
     verl_config.validate_config = validate_config
 
 
+def selects_tepo(config) -> bool:
+    """Whether a verl config uses TEPO's loss or advantage estimator (plain lookups: verl may be half broken)."""
+    def get(dotted):
+        node = config
+        for key in dotted.split("."):
+            node = node.get(key, None) if hasattr(node, "get") else None
+        return node
+
+    return "tepo" in (get("actor_rollout_ref.actor.policy_loss.loss_mode"), get("algorithm.adv_estimator"))
+
+
+class TepoUnavailable(RuntimeError):
+    pass
+
+
+def _refuse_tepo_in_driver(error: BaseException) -> None:
+    """After a failed load: compose `algorithm=tepo` as usual, then refuse it in validate_config in one line."""
+    message = str(error) if isinstance(error, _known_failures()) else f"tepo-verl failed to load: {error!r}"
+
+    def refuse(config):
+        if selects_tepo(config):
+            raise TepoUnavailable(f"{message} (so 'tepo' cannot run)")
+
+    for step in (lambda: _wrap_validate_config(refuse), _register_hydra_search_path,
+                 lambda: __import__("tepo_verl.verl_adapter.cli", fromlist=["cli"]).rewrite_sys_argv()):
+        try:
+            step()
+        except Exception:  # noqa: BLE001 - verl or Hydra itself is broken; the stderr report is all we can do
+            pass
+
+
+def _known_failures() -> tuple[type[BaseException], ...]:
+    """Load failures whose one-line message says everything; any other is printed with its traceback."""
+    from tepo_verl.verl_adapter.contract import VerlContractError
+    from tepo_verl.verl_adapter.version_check import UnsupportedVerlVersion
+
+    return VerlContractError, UnsupportedVerlVersion
+
+
 def _register_failure_stubs(error: BaseException) -> None:
     """Make selecting `tepo` raise the load error instead of verl's generic 'unknown' (or a silent fallback)."""
     try:
@@ -76,10 +120,9 @@ def load() -> None:
         _install()
     except Exception as error:  # noqa: BLE001 - reported loudly below, and re-raised on use
         LOAD_ERROR = error
-        print(
-            "\n[tepo-verl] ERROR: the TEPO plugin failed to load; selecting 'tepo' will fail.\n"
-            + "".join(traceback.format_exception(error)),
-            file=sys.stderr,
-            flush=True,
-        )
+        known = isinstance(error, _known_failures())
+        report = f"{type(error).__name__}: {error}\n" if known else "".join(traceback.format_exception(error))
+        print("\n[tepo-verl] ERROR: the TEPO plugin failed to load; selecting 'tepo' will fail.\n" + report,
+              file=sys.stderr, flush=True)
         _register_failure_stubs(error)
+        _refuse_tepo_in_driver(error)
