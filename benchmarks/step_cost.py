@@ -492,7 +492,8 @@ def main(argv: list[str] | None = None) -> int:
         for item in args.extra:
             preset, sep, override = item.partition(":")
             if not sep or preset not in args.presets or "=" not in override:
-                parser.error(f"--extra {item!r}: expected PRESET:KEY=VALUE with PRESET one of {', '.join(args.presets)}")
+                parser.error(f"--extra {item!r}: expected PRESET:KEY=VALUE with PRESET one of "
+                             f"{', '.join(args.presets)}")
             extra.setdefault(preset, []).append(override)
         if args.mask_rule:
             extra.setdefault("tepo", []).append(f"actor_rollout_ref.actor.policy_loss.tepo.mask_rule={args.mask_rule}")

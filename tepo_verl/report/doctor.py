@@ -76,6 +76,8 @@ ENTROPY_COLLAPSE, ENTROPY_FALLING = 0.1, 0.5  # end/start entropy below these
 TRUNCATED_WARN, TRUNCATED_FAIL = 0.05, 0.5  # share of responses at the length cap, last quarter of the run
 MASK_POSITIVE_LOW, MASK_POSITIVE_HIGH = 0.01, 0.9
 PENALTY_WEAK, PENALTY_STRONG = 0.01, 1.0
+NOISE_FIX = (f"widen the clip range past the noise, or cut the noise: a float32 actor ({FLOAT32_OVERRIDES[0]} and "
+             "the same for ref), VERL_DISABLE_FLASH_ATTN_CE=1 (flash-attn's cross-entropy is not deterministic)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -275,7 +277,8 @@ def logprob_dtype(ev: Evidence) -> tuple[torch.dtype | None, str]:
         return None, ""
     if device == "cpu":
         return torch.bfloat16, "from the config: CPU under bf16 autocast, which keeps log_softmax in bf16"
-    return torch.float32, f"from the config: {device} under bf16 autocast, which runs log_softmax in float32 (verl's source)"
+    return torch.float32, (f"from the config: {device} under bf16 autocast, which runs log_softmax in float32 "
+                           "(verl's source)")
 
 
 def check_dtype(ev: Evidence) -> Finding:
@@ -319,13 +322,13 @@ def check_noise(ev: Evidence) -> Finding:
         status = "ok" if share == 0 else "warn"
         return Finding(status, name, f"on-policy clipped share (every step has one update) max {share:.3g}: "
                        f"{'noise never crosses' if share == 0 else 'noise alone crosses'} the clip range "
-                       f"{clip[0]:g}/{clip[1]:g}", "" if share == 0 else
-                       "widen the clip range past the noise, or cut the noise (float32 actor, VERL_DISABLE_FLASH_ATTN_CE=1)")
+                       f"{clip[0]:g}/{clip[1]:g}", "" if share == 0 else NOISE_FIX)
     else:
         updates = ev.updates_per_step()
         why = f"{updates} updates per step" if updates else "updates per step unknown"
         rollout = ev.series("rollout_probs_diff")
-        context = f"; rollout-vs-actor mean |dp| {_median(rollout):.2g} (vLLM against the actor, not this)" if rollout else ""
+        context = (f"; rollout-vs-actor mean |dp| {_median(rollout):.2g} (vLLM against the actor, not this)"
+                   if rollout else "")
         return Finding("unknown", name, f"no on-policy noise metric logged and {why}: step metrics mix on- and "
                        f"off-policy updates{context}", fix)
     if clip is None:
@@ -334,51 +337,56 @@ def check_noise(ev: Evidence) -> Finding:
     text = f"{source} = {value:.2e}, {share:.2g}x the clip range {clip[0]:g}/{clip[1]:g}"
     if share < NOISE_WARN:
         return Finding("ok", name, text)
-    fix = ("widen the clip range past the noise, or cut the noise: a float32 actor "
-           f"({FLOAT32_OVERRIDES[0]} and the same for ref), VERL_DISABLE_FLASH_ATTN_CE=1 (flash-attn's cross-entropy is not deterministic)")
     if level == "token":
-        return Finding("warn", name, text + " (a token statistic; a sequence ratio averages it down)", fix)
-    return Finding("FAIL" if share >= 1 else "warn", name, text, fix)
+        return Finding("warn", name, text + " (a token statistic; a sequence ratio averages it down)", NOISE_FIX)
+    return Finding("FAIL" if share >= 1 else "warn", name, text, NOISE_FIX)
+
+
+def _band(name: str, text: str, value: float, low: float, high: float, below: tuple[str, str],
+          above: tuple[str, str]) -> Finding:
+    """ok inside [low, high]; outside, a warning with the side's (verdict, fix)."""
+    for outside, (verdict, fix) in ((value < low, below), (value > high, above)):
+        if outside:
+            return Finding("warn", name, f"{text}: {verdict}", fix)
+    return Finding("ok", name, text)
+
+
+def _tepo_values(ev: Evidence, name: str, role: str, what: str) -> list[float] | Finding:
+    """A TEPO-only role's values, or the n/a / unknown finding when there are none to judge."""
+    if not ev.is_tepo:
+        return Finding("n/a", name, "not a TEPO run")
+    values = ev.series(role)
+    if not values:
+        return Finding("unknown", name, f"{METRICS[role][0]} not logged",
+                       f"update tepo-verl: newer versions log {what}")
+    return values
 
 
 def check_mask(ev: Evidence) -> Finding:
     name = "TEPO mask"
-    if not ev.is_tepo:
-        return Finding("n/a", name, "not a TEPO run")
-    shares = ev.series("mask_frac_positive")
-    if not shares:
-        overall = ev.series("mask_frac")
-        context = f" (mask_frac, of all tokens: median {_median(overall):.3g})" if overall else ""
-        return Finding("unknown", name, f"{METRICS['mask_frac_positive'][0]} not logged{context}",
-                       "update tepo-verl: newer versions log the mask's share of positive-advantage tokens")
+    shares = _tepo_values(ev, name, "mask_frac_positive", "the mask's share of positive-advantage tokens")
+    if isinstance(shares, Finding):
+        return shares
     share = _median(shares)
-    text = f"selects a median {share:.3g} of positive-advantage tokens (range {min(shares):.3g}-{max(shares):.3g})"
-    if share < MASK_POSITIVE_LOW:
-        return Finding("warn", name, text + ": the penalty almost never acts, TEPO is its policy term alone",
-                       "check mask_rule and the old entropy (mask_rule=surprisal_old reads the stored one)")
-    if share > MASK_POSITIVE_HIGH:
-        return Finding("warn", name, text + ": nearly every positive token is penalised",
-                       "check mask_rule (with mask_rule=old and numerical noise the choice is near random)")
-    return Finding("ok", name, text)
+    return _band(name, f"selects a median {share:.3g} of positive-advantage tokens (range {min(shares):.3g}-"
+                 f"{max(shares):.3g})", share, MASK_POSITIVE_LOW, MASK_POSITIVE_HIGH,
+                 ("the penalty almost never acts, TEPO is its policy term alone",
+                  "check mask_rule and the old entropy (mask_rule=surprisal_old reads the stored one)"),
+                 ("nearly every positive token is penalised",
+                  "check mask_rule (with mask_rule=old and numerical noise the choice is near random)"))
 
 
 def check_penalty(ev: Evidence) -> Finding:
     name = "TEPO penalty strength"
-    if not ev.is_tepo:
-        return Finding("n/a", name, "not a TEPO run")
-    ratios = ev.series("penalty_grad_ratio")
-    if not ratios:
-        return Finding("unknown", name, f"{METRICS['penalty_grad_ratio'][0]} not logged",
-                       "update tepo-verl: newer versions log the penalty's gradient against the policy term's")
+    ratios = _tepo_values(ev, name, "penalty_grad_ratio", "the penalty's gradient against the policy term's")
+    if isinstance(ratios, Finding):
+        return ratios
     ratio = _median(ratios)
-    text = f"penalty/policy-term mean |grad| on masked tokens: median {ratio:.3g}"
-    if ratio > PENALTY_STRONG:
-        return Finding("warn", name, text + ": the penalty outweighs the policy term where it acts",
-                       "lower actor_rollout_ref.actor.policy_loss.tepo.kl_coef")
-    if ratio < PENALTY_WEAK:
-        return Finding("warn", name, text + ": the penalty barely moves the update",
-                       "raise actor_rollout_ref.actor.policy_loss.tepo.kl_coef")
-    return Finding("ok", name, text)
+    return _band(name, f"penalty/policy-term mean |grad| on masked tokens: median {ratio:.3g}", ratio,
+                 PENALTY_WEAK, PENALTY_STRONG,
+                 ("the penalty barely moves the update", "raise actor_rollout_ref.actor.policy_loss.tepo.kl_coef"),
+                 ("the penalty outweighs the policy term where it acts",
+                  "lower actor_rollout_ref.actor.policy_loss.tepo.kl_coef"))
 
 
 def check_clip_binding(ev: Evidence) -> Finding:
@@ -460,7 +468,8 @@ def check_mask_rule(ev: Evidence) -> Finding:
     name = "mask rule"
     if not ev.is_tepo:
         return Finding("n/a", name, "not a TEPO run")
-    rules = sorted({k[len(MASK_RULE_PREFIX):] for m in ev.metrics.values() for k in m if k.startswith(MASK_RULE_PREFIX)})
+    rules = sorted({k[len(MASK_RULE_PREFIX):] for m in ev.metrics.values() for k in m
+                    if k.startswith(MASK_RULE_PREFIX)})
     fallback = ev.series("mask_fallback")
     configured = ev.setting("actor_rollout_ref.actor.policy_loss.tepo.mask_rule")
     if not rules:
