@@ -1,8 +1,8 @@
 """Update cost of TEPO against GSPO, GRPO and DAPO in verl's own training engine, side by side in one process.
 
-    flock /tmp/tepo-train.lock python benchmarks/step_cost.py                 # about 8 minutes on 2 cores
-    flock /tmp/tepo-train.lock python benchmarks/step_cost.py --mask-rule surprisal    # TEPO's current-entropy rule
-    flock /tmp/tepo-train.lock python benchmarks/step_cost.py --trainer        # secondary: whole-trainer runs
+    python benchmarks/step_cost.py                            # about 8 minutes on 2 cores
+    python benchmarks/step_cost.py --mask-rule surprisal      # TEPO's current-entropy rule (and its entropy)
+    python benchmarks/step_cost.py --trainer                  # secondary: whole-trainer runs, one per preset
 
 The default mode builds verl 0.9.1's `TrainingWorker` (the actor's FSDP2 engine, as
 `ActorRolloutRefWorker.init_model` builds it; CPU mode on a CPU) once, on a Qwen2-architecture model with the real
@@ -22,8 +22,8 @@ targets hold when the interval's upper end is at most 1.05 for time and 1.02 for
     update_actor tepo/gspo time=<ratio> memory=<ratio>
 
 `--trainer` keeps the older check: each preset in its own `recipes/cpu.sh` trainer run (Ray, vLLM rollout),
-medians of steps 2.., one after the other; it cannot resolve 5% on a noisy machine. Every mode trains, so hold
-the training lock (`flock /tmp/tepo-train.lock ...`) on a shared machine.
+medians of steps 2.., one after the other; it cannot resolve 5% on a noisy machine. Every mode trains: on a machine
+shared with other trainings, run it under the flock they hold (`flock $TEPO_TRAIN_LOCK python ...`).
 """
 
 from __future__ import annotations
@@ -45,7 +45,9 @@ REPO = Path(__file__).resolve().parents[1]
 VOCAB_SIZE = 151936  # Qwen2.5's embedding / head rows (the tokenizer has 151,665 tokens; the rest is padding)
 RESPONSE_TOKENS = 64
 PRESETS = ("grpo", "tepo", "gspo", "dapo")  # trainer mode: the compared pair neither first nor last
-RESPONSES, PROMPT_TOKENS, MINI_BATCHES, MICRO_BATCH = 8, 16, 2, 4  # engine mode: one update_actor call
+# engine mode: one update_actor call; small, so that many interleaved rounds fit the time budget (the cost in
+# question is the vocabulary head's, per token)
+RESPONSES, PROMPT_TOKENS, ENGINE_RESPONSE_TOKENS, MINI_BATCHES, MICRO_BATCH = 8, 16, 32, 2, 4
 TIME_TARGET, MEMORY_TARGET = 1.05, 1.02
 CONFIDENCE = 0.95
 
@@ -156,12 +158,13 @@ def padded_batch(seed: int = 0) -> dict:
 
     g = torch.Generator().manual_seed(seed)
     prompt_lens = torch.randint(PROMPT_TOKENS // 2, PROMPT_TOKENS + 1, (RESPONSES,), generator=g)
-    response_lens = torch.randint(RESPONSE_TOKENS // 2, RESPONSE_TOKENS + 1, (RESPONSES,), generator=g)
+    length = ENGINE_RESPONSE_TOKENS
+    response_lens = torch.randint(length // 2, length + 1, (RESPONSES,), generator=g)
     positions = torch.arange(PROMPT_TOKENS)
     prompt_mask = (positions[None, :] >= PROMPT_TOKENS - prompt_lens[:, None]).long()  # (B, P)
-    response_mask = (torch.arange(RESPONSE_TOKENS)[None, :] < response_lens[:, None]).long()  # (B, R)
+    response_mask = (torch.arange(length)[None, :] < response_lens[:, None]).long()  # (B, R)
     prompts = torch.randint(10, 150000, (RESPONSES, PROMPT_TOKENS), generator=g) * prompt_mask
-    responses = torch.randint(10, 150000, (RESPONSES, RESPONSE_TOKENS), generator=g) * response_mask
+    responses = torch.randint(10, 150000, (RESPONSES, length), generator=g) * response_mask
     attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
     score = torch.randint(0, 2, (RESPONSES,), generator=g).float()
     advantages = ((score - score.mean()) / (score.std() + 1e-6))[:, None] * response_mask  # (B, R)
