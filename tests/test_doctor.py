@@ -142,7 +142,7 @@ def test_gpu_like_noise_against_the_clip_range(noise_std, expected, tmp_path, ca
 
 
 def test_a_logged_noise_metric_is_read_first_from_the_table(tmp_path, capsys):
-    name = next(n for n, (level, _) in doctor.NOISE_METRICS.items() if level == "token")
+    name = doctor.METRICS["noise_token"][0]
     run = write_run(tmp_path / "run", gpu_like_metrics(1e-6, **{name: lambda step: 1e-4 * step}))
     gpu_config(run, "actor_rollout_ref.actor.ppo_mini_batch_size=16")  # 4 updates per step: only the metric tells
     _, lines = run_doctor(capsys, run)

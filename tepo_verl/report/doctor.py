@@ -15,7 +15,7 @@ skipped with a note.
 verl logs one value per step: the mean over the step's updates (micro-batches and mini-batches). The first
 update of a step is on-policy (ratio 1, exactly on CPU; 1 plus numerical noise on a GPU), the later ones are
 not, so the on-policy noise can be read from step metrics only when a step has one update, or from a metric that
-the loss logs for the on-policy update itself (NOISE_METRICS).
+the loss logs for the on-policy update itself (METRICS' noise roles).
 """
 
 from __future__ import annotations
@@ -57,15 +57,13 @@ METRICS: dict[str, tuple[str, ...]] = {
     "adv_max": ("critic/advantages/max",),
     "evicted": ("training/filter_groups/evicted_samples",),
     "rollout_probs_diff": ("training/rollout_probs_diff_mean",),
+    # the on-policy update's numerical noise, |log-ratio| statistics the loss logs for that update (NOISE_LEVELS)
+    "noise_sequence": ("actor/tepo/seq_log_ratio_abs_max", "actor/tepo/onpolicy_seq_log_ratio_abs_max"),
+    "noise_token": ("actor/tepo/token_log_ratio_abs_max", "actor/tepo/onpolicy_token_log_ratio_abs_max",
+                    "actor/tepo/token_log_ratio_abs_mean"),
 }
-#: On-policy numerical-noise metrics: name -> (level, what it is). Each is |log-ratio| on the on-policy update.
-NOISE_METRICS: dict[str, tuple[str, str]] = {
-    "actor/tepo/token_log_ratio_abs_max": ("token", "max |token log-ratio|"),
-    "actor/tepo/onpolicy_token_log_ratio_abs_max": ("token", "max |token log-ratio|"),
-    "actor/tepo/token_log_ratio_abs_mean": ("token", "mean |token log-ratio|"),
-    "actor/tepo/seq_log_ratio_abs_max": ("sequence", "max |sequence log-ratio|"),
-    "actor/tepo/onpolicy_seq_log_ratio_abs_max": ("sequence", "max |sequence log-ratio|"),
-}
+#: The noise roles, read in this order: the sequence ratio is what TEPO and GSPO clip.
+NOISE_LEVELS = (("noise_sequence", "sequence"), ("noise_token", "token"))
 MASK_RULE_PREFIX = "actor/tepo/mask_rule/"
 PRECISION_WARNING = re.compile(r"\[tepo-verl\] WARNING: the actor's log-probs arrive in torch\.(\w+)")
 
@@ -305,11 +303,11 @@ def check_noise(ev: Evidence) -> Finding:
     clip = ev.clip_range()
     name = "on-policy noise"
     fix = "read it on a run with one update per step (ppo_mini_batch_size=train_batch_size, ppo_epochs=1)"
-    logged = [(n, NOISE_METRICS[n]) for n in NOISE_METRICS if any(_finite(m.get(n)) for m in ev.metrics.values())]
+    logged = [(role, level) for role, level in NOISE_LEVELS if ev.series(role)]
     if logged:
-        metric, (level, what) = logged[0]
-        values = [m[metric] for _, m in sorted(ev.metrics.items()) if _finite(m.get(metric))]
-        value, source = max(values), f"{what} ({metric}), max over {len(values)} steps"
+        role, level = logged[0]
+        values = ev.series(role)
+        value, source = max(values), f"|{level} log-ratio| ({ev.name_of(role)}), max over {len(values)} steps"
     elif ev.updates_per_step() == 1 and ev.series("seq_ratio_max"):
         highs, lows = ev.series("seq_ratio_max"), ev.series("seq_ratio_min")
         value = max(max(math.log(h) for h in highs), max((-math.log(x) for x in lows if x > 0), default=0.0))
