@@ -18,6 +18,7 @@ COMMANDS = {
     "compare": ("tepo_verl.report.compare:main", "compare algorithms from verl file-logger runs (table, plots)"),
     "tiny": ("tepo_verl.tiny.__main__:main", "build the tiny offline model and task used on CPU"),
     "cpu-check": ("tepo_verl.cpu.versions:main", "check the pinned versions of the CPU stack"),
+    "doctor": ("tepo_verl.report.doctor:main", "read one run; one line per health check, each with its fix"),
 }
 
 

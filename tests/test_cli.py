@@ -13,7 +13,7 @@ def test_every_command_resolves_to_a_main(name):
     assert callable(getattr(importlib.import_module(module), function))
 
 
-@pytest.mark.parametrize("name", ["demo", "data", "eval", "compare", "tiny"])
+@pytest.mark.parametrize("name", ["demo", "data", "eval", "compare", "tiny", "doctor"])
 def test_help_of_each_command(name, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main([name, "--help"])
@@ -23,7 +23,7 @@ def test_help_of_each_command(name, capsys):
 
 def test_unknown_command(capsys):
     assert main(["train"]) == 2
-    assert "unknown command 'train'; valid: demo, data, eval, compare, tiny, cpu-check" in capsys.readouterr().err
+    assert "unknown command 'train'; valid: demo, data, eval, compare, tiny, cpu-check, doctor" in capsys.readouterr().err
     assert main([]) == 0
 
 

@@ -1,0 +1,223 @@
+"""`tepo-verl doctor` on the committed CPU runs, on synthetic GPU-like runs with a real composed verl config, and on
+broken input (a half-written last line, bad paths, a bad record)."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+from verl_config import compose_config
+
+from tepo_verl.cli import main as cli_main
+from tepo_verl.report import doctor
+from tepo_verl.verl_adapter.precision import FLOAT32_OVERRIDES, precision_warning
+
+RUNS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "cpu-scratchpad"
+
+
+def run_doctor(capsys, *argv) -> tuple[int, dict[str, str]]:
+    """Exit code and {check name: its line} from the CLI."""
+    code = cli_main(["doctor", *map(str, argv)])
+    out = capsys.readouterr().out.splitlines()
+    lines = {line.split("] ", 1)[1].split(":", 1)[0]: line for line in out if line.startswith("[")}
+    return code, lines
+
+
+def status(line: str) -> str:
+    return line[1:line.index("]")]
+
+
+def committed(name: str) -> list[dict]:
+    return [json.loads(line)["data"] for line in (RUNS / name / "metrics.jsonl").read_text().splitlines()]
+
+
+# ---- the committed CPU runs ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, tepo", [("tepo-seed1", True), ("tepo-mask_old-seed1", True), ("gspo-seed1", False),
+                                        ("grpo-seed1", False), ("dapo-seed1", False), ("gspo-fp32-seed1", False)])
+def test_committed_cpu_runs(name, tepo, capsys):
+    record = json.loads((RUNS / name / "run.json").read_text())
+    fp32 = any("param_dtype:fp32" in o for o in record["overrides"])
+    gspo_scale = record["preset"] in ("tepo", "gspo")
+    code, lines = run_doctor(capsys, RUNS / name)
+    assert len(lines) == len(doctor.CHECKS)
+    # the CPU actor's log-probs are bf16 unless the run asked for float32; bf16 cannot resolve a 3e-4/4e-4 clip
+    dtype = lines["log-prob dtype"]
+    assert ("float32" if fp32 else "bfloat16") in dtype
+    assert status(dtype) == ("FAIL" if gspo_scale and not fp32 else "ok")
+    if status(dtype) == "FAIL":
+        assert all(o in dtype for o in FLOAT32_OVERRIDES)
+    assert code == (1 if status(dtype) == "FAIL" else 0)
+    # 8 mini-batches per step: step metrics mix on- and off-policy updates, so the noise is not readable from them
+    assert status(lines["on-policy noise"]) == "unknown" and "8 updates per step" in lines["on-policy noise"]
+    # TEPO's lines apply to TEPO only; these runs predate the positive-share and penalty metrics
+    for check in ("TEPO mask", "TEPO penalty strength", "mask rule"):
+        assert status(lines[check]) == ("n/a" if not tepo else "unknown" if check != "mask rule" else "ok")
+    if tepo:
+        rule = next(k.rsplit("/", 1)[1] for k in committed(name)[1] if k.startswith("actor/tepo/mask_rule/"))
+        assert f"ran {rule} on every step, no fallback" in lines["mask rule"]
+    steps = [d for d in committed(name) if "response_length/clip_ratio" in d]
+    tail = [d["response_length/clip_ratio"] for d in steps[-(len(steps) // 4):]]
+    assert f"{statistics.fmean(tail):.3g} of responses end at the length cap" in lines["response length"]
+    clip = statistics.fmean(d["actor/pg_clipfrac"] for d in steps)
+    assert f"mean {clip:.3g} of tokens clipped" in lines["clipped share"]
+    assert status(lines["learning signal"]) == "ok" and status(lines["entropy"]) == "ok"
+
+
+def test_a_console_with_the_adapters_warning_gives_the_measured_dtype(tmp_path, capsys):
+    (tmp_path / "metrics.jsonl").write_text((RUNS / "tepo-seed1" / "metrics.jsonl").read_text())
+    warning = precision_warning(torch.bfloat16, 3e-4, 4e-4, "tepo")
+    (tmp_path / "console.log").write_text(f"(WorkerDict pid=123) {warning}\n")
+    (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(compose_config(["+algorithm=tepo"])))  # says cuda
+    code, lines = run_doctor(capsys, tmp_path)
+    assert "bfloat16, read by the adapter in the run" in lines["log-prob dtype"]
+    assert status(lines["log-prob dtype"]) == "FAIL" and code == 1
+
+
+# ---- synthetic GPU-like runs with a real composed config ------------------------------------------------------------
+
+def gpu_config(tmp_path: Path, *overrides: str) -> Path:
+    """verl's real composed config for a one-update-per-step TEPO run on CUDA, where Hydra saves it."""
+    config = compose_config(["+algorithm=tepo", "trainer.device=cuda", "data.train_batch_size=64",
+                             "actor_rollout_ref.actor.ppo_mini_batch_size=64", *overrides])
+    path = tmp_path / "outputs" / "2026-12-01" / "10-00-00" / ".hydra" / "config.yaml"
+    path.parent.mkdir(parents=True)
+    OmegaConf.save(config, path)
+    return path
+
+
+def gpu_like_metrics(noise_std: float, steps: int = 12, seed: int = 0, **overrides) -> list[dict]:
+    """Step records like a GPU's on-policy updates: each response's token log-ratios are float noise of
+    `noise_std`, so the sequence ratio is exp(mean of 500 of them)."""
+    rng = np.random.default_rng(seed)
+    records = []
+    for step in range(1, steps + 1):
+        seq_log_ratio = rng.normal(0, noise_std, size=(256, 500)).mean(axis=1)  # (B,)
+        data = {
+            "actor/pg_clipfrac": float(np.mean(np.abs(seq_log_ratio) > 3e-4) / 2),
+            "actor/ppo_kl": float(-seq_log_ratio.mean()),
+            "actor/tepo/seq_ratio_max": float(np.exp(seq_log_ratio.max())),
+            "actor/tepo/seq_ratio_min": float(np.exp(seq_log_ratio.min())),
+            "actor/tepo/mask_frac": 0.2, "actor/tepo/mask_frac_positive": 0.4,
+            "actor/tepo/penalty_grad_ratio": 0.3, "actor/tepo/mask_rule/surprisal_old": 1.0,
+            "actor/tepo/mask_fallback_used": 0.0,
+            "tepo_verl/entropy_token_mean": 0.6 - 0.01 * step,
+            "response_length/clip_ratio": 0.01, "response_length/max": 3000.0,
+            "critic/score/min": 0.0, "critic/score/max": 1.0,
+            "critic/advantages/min": -1.5, "critic/advantages/max": 1.5,
+        }
+        data.update({k: (v(step) if callable(v) else v) for k, v in overrides.items()})
+        records.append({"step": step, "data": data})
+    return records
+
+
+def write_run(folder: Path, records: list[dict]) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return folder
+
+
+@pytest.mark.parametrize("noise_std, expected", [(1e-6, "ok"), (1e-3, "warn"), (2e-2, "FAIL")])
+def test_gpu_like_noise_against_the_clip_range(noise_std, expected, tmp_path, capsys):
+    records = gpu_like_metrics(noise_std)
+    run = write_run(tmp_path / "run", records)
+    gpu_config(run)
+    code, lines = run_doctor(capsys, run)
+    worst = max(abs(math.log(r["data"][f"actor/tepo/seq_ratio_{side}"])) for r in records for side in ("min", "max"))
+    line = lines["on-policy noise"]
+    assert status(line) == expected, line
+    assert f"= {worst:.2e}, {worst / 3e-4:.2g}x the clip range 0.0003/0.0004" in line
+    kl = max(abs(r["data"]["actor/ppo_kl"]) for r in records)
+    clipped = max(r["data"]["actor/pg_clipfrac"] for r in records)
+    assert f"|ppo_kl| max {kl:.1e}, clipped share max {clipped:.3g}" in line
+    # on CUDA the log-probs are float32 by verl's source, with bf16 autocast: the dtype resolves the clip range
+    assert status(lines["log-prob dtype"]) == "ok" and "float32, from the config: cuda" in lines["log-prob dtype"]
+    assert "one update per step" in lines["clipped share"]
+    for check in ("TEPO mask", "TEPO penalty strength", "mask rule", "entropy", "learning signal", "response length"):
+        assert status(lines[check]) == "ok", lines[check]
+    assert code == (1 if expected == "FAIL" else 0)
+
+
+def test_a_logged_noise_metric_is_read_first_from_the_table(tmp_path, capsys):
+    name = doctor.METRICS["noise_token"][0]
+    run = write_run(tmp_path / "run", gpu_like_metrics(1e-6, **{name: lambda step: 1e-4 * step}))
+    gpu_config(run, "actor_rollout_ref.actor.ppo_mini_batch_size=16")  # 4 updates per step: only the metric tells
+    _, lines = run_doctor(capsys, run)
+    assert f"({name}), max over 12 steps = 1.20e-03, 4x the clip range" in lines["on-policy noise"]
+    assert status(lines["on-policy noise"]) == "warn"  # a token statistic: the sequence ratio averages it down
+
+
+@pytest.mark.parametrize("overrides, check, expected, fragment", [
+    ({"critic/score/min": 0.0, "critic/score/max": 0.0}, "learning signal", "FAIL", "the reward is 0 on every"),
+    ({"critic/advantages/min": 0.0, "critic/advantages/max": 0.0}, "learning signal", "warn", "12 of 12 steps"),
+    ({"tepo_verl/entropy_token_mean": lambda s: 0.6 * 0.5 ** s}, "entropy", "FAIL", "collapsing"),
+    ({"response_length/clip_ratio": 0.8}, "response length", "FAIL", "0.8 of responses end at the length cap (8192)"),
+    ({"actor/tepo/mask_fallback_used": lambda s: float(s > 6), "actor/tepo/mask_rule/surprisal_old": 0.0,
+      "actor/tepo/mask_rule/off": lambda s: float(s > 6)}, "mask rule", "FAIL", "fell back"),
+    ({"actor/tepo/mask_frac_positive": 0.001}, "TEPO mask", "warn", "almost never acts"),
+    ({"actor/tepo/penalty_grad_ratio": 5.0}, "TEPO penalty strength", "warn", "lower actor_rollout_ref.actor"),
+])
+def test_each_problem_gets_its_line_and_fix(overrides, check, expected, fragment, tmp_path, capsys):
+    run = write_run(tmp_path / "run", gpu_like_metrics(1e-6, **overrides))
+    gpu_config(run, "data.max_response_length=8192")
+    code, lines = run_doctor(capsys, run)
+    assert status(lines[check]) == expected and fragment in lines[check], lines[check]
+    assert "-> fix: " in lines[check]
+    assert code == (1 if expected == "FAIL" else 0)
+    assert cli_main(["doctor", str(run), "--strict"]) == 1
+
+
+def test_a_gspo_run_gets_na_on_tepos_lines_and_a_cfg_job_dump_is_read(tmp_path, capsys):
+    records = [{"step": r["step"], "data": {k: v for k, v in r["data"].items() if not k.startswith("actor/tepo/")}}
+               for r in gpu_like_metrics(1e-6)]
+    run = write_run(tmp_path / "run", records)
+    dump = tmp_path / "job.txt"  # `python -m verl.trainer.main_ppo --cfg job ... > job.txt 2>&1`: warnings first
+    config = compose_config(["+algorithm=gspo", "trainer.device=cuda"])
+    dump.write_text("UserWarning: something from verl\n" + OmegaConf.to_yaml(config))
+    code, lines = run_doctor(capsys, run, "--config", dump)
+    assert all(status(lines[c]) == "n/a" for c in ("TEPO mask", "TEPO penalty strength", "mask rule"))
+    assert status(lines["log-prob dtype"]) == "ok" and code == 0
+
+
+# ---- broken input ---------------------------------------------------------------------------------------------------
+
+def test_a_half_written_last_line_is_skipped_with_a_note(tmp_path, capsys):
+    text = (RUNS / "tepo-seed1" / "metrics.jsonl").read_text()
+    lines = text.splitlines()
+    whole = write_run(tmp_path / "whole", [])
+    (whole / "metrics.jsonl").write_text("\n".join(lines[:-1]) + "\n")
+    cut = write_run(tmp_path / "cut", [])
+    (cut / "metrics.jsonl").write_text("\n".join(lines[:-1]) + "\n" + lines[-1][: len(lines[-1]) // 2])
+    code_whole, findings_whole = run_doctor(capsys, whole)
+    code_cut, findings_cut = run_doctor(capsys, cut)
+    assert "half-written" in findings_cut.pop("metrics file")
+    assert findings_cut == findings_whole and code_cut == code_whole
+
+
+@pytest.mark.parametrize("setup, argv, fragment", [
+    (None, ["{tmp}/nope"], "run {tmp}/nope does not exist"),
+    ("empty", ["{tmp}/run"], "run folder {tmp}/run has no metrics.jsonl"),
+    ("middle", ["{tmp}/run"], "metrics.jsonl:2: not a verl file-logger record"),
+    ("ok", ["{tmp}/run", "--config", "{tmp}/missing.yaml"], "config file {tmp}/missing.yaml does not exist"),
+    ("ok", ["{tmp}/run", "--config", "{tmp}/other.yaml"], "config {tmp}/other.yaml is not a composed verl config"),
+    ("ok", ["{tmp}/run", "--config", "{tmp}/run/metrics.jsonl"], "metrics.jsonl is not YAML"),
+])
+def test_bad_input_is_one_line(setup, argv, fragment, tmp_path, capsys):
+    run = tmp_path / "run"
+    if setup:
+        run.mkdir()
+    if setup == "middle":
+        (run / "metrics.jsonl").write_text('{"step": 1, "data": {}}\n{oops\n{"step": 2, "data": {}}\n')
+    if setup == "ok":
+        write_run(run, gpu_like_metrics(1e-6, steps=2))
+        (tmp_path / "other.yaml").write_text("model: qwen\n")
+    code = cli_main(["doctor", *[a.replace("{tmp}", str(tmp_path)) for a in argv]])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert fragment.replace("{tmp}", str(tmp_path)) in err, err
