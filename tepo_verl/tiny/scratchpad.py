@@ -105,7 +105,7 @@ class ChainSpec(ScratchSpec):
     # while, so the policy starts with 4-operand chains mostly right and the others mostly wrong (docs/results.md)
     init_policy: str = "scratchpad"
     warmup_lr: float = 1e-3
-    warmup_steps: int = 125
+    warmup_steps: int = 400
 
     def operand_counts(self) -> tuple[int, int]:
         return (self.min_operands, self.operands)

@@ -1,0 +1,143 @@
+"""The hand-written tables of docs/results.md agree with the generated comparison CSVs they quote.
+
+The generated part of the page (between a study's markers) is checked by tests/test_study.py. The prose above it
+quotes those numbers in tables of its own: the first study's headline (steps to target, paired differences, per-seed
+differences, p), its ablation screen and its float32 pair. Each cell is parsed from the page and compared with the
+CSV value it quotes, to the precision the cell shows (a cell "0.742" matches 0.7421875, not 0.7431).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PAGE = REPO / "docs" / "results.md"
+COMPARE = REPO / "benchmarks" / "results" / "cpu-scratchpad" / "compare"
+NUMBER = re.compile(r"[+-]?\d+(?:\.\d+)?(?:e[+-]?\d+)?")
+
+
+def shown_as(text: str, value: float) -> bool:
+    """Whether `value` rounds to the number written as `text` (to the decimals it shows)."""
+    decimals = len(text.split(".")[1]) if "." in text and "e" not in text else 0
+    return abs(float(text) - value) <= 0.5 * 10 ** -decimals + 1e-12
+
+
+def numbers(cell: str) -> list[str]:
+    return NUMBER.findall(cell.replace("−", "-"))
+
+
+def table_after(heading: str) -> list[list[str]]:
+    """The rows (cells stripped) of the first Markdown table after the line that starts with `heading`."""
+    lines = PAGE.read_text(encoding="utf-8").splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(heading))
+    first = next(i for i in range(start, len(lines)) if lines[i].startswith("|"))
+    rows = []
+    for line in lines[first + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows
+
+
+def csv(group: str, name: str) -> pd.DataFrame:
+    return pd.read_csv(COMPARE / group / name)
+
+
+def assert_cell(cell: str, *values: float) -> None:
+    got = numbers(cell)
+    assert len(got) == len(values) and all(shown_as(t, v) for t, v in zip(got, values)), (cell, values)
+
+
+def test_the_shown_as_rule_can_fail():
+    assert shown_as("0.742", 0.7421875) and not shown_as("0.742", 0.7431) and shown_as("-11", -11.4)
+    assert not shown_as("10", 10.6) and shown_as("+5", 5.0) and not shown_as("0.0625", 0.0626)
+
+
+def test_the_first_studys_headline_table():
+    summary = csv("main", "compare.csv").set_index("algorithm")
+    paired = csv("main", "compare_paired.csv").set_index(["baseline", "metric"])
+    runs = csv("main", "compare_runs.csv").set_index(["algorithm", "seed"])
+    rows = table_after("**Headline: steps to the 0.65 target**")
+    assert [row[0].strip("`") for row in rows] == ["tepo", "grpo", "gspo", "dapo", "tepo_nomask"]
+    for arm, steps, difference, per_seed, p in ((row[0].strip("`"), *row[1:]) for row in rows):
+        s = summary.loc[arm]
+        assert_cell(steps, s.steps_to_target, s.steps_to_target_ci_low, s.steps_to_target_ci_high)
+        if arm == "tepo":
+            assert difference == per_seed == p == ""
+            continue
+        d = paired.loc[(arm, "steps_to_target")]
+        assert_cell(difference, d.mean_difference, d.ci_low, d.ci_high)
+        assert_cell(p, d.p_value)
+        assert_cell(per_seed, *[runs.loc[("tepo", k)].steps_to_target - runs.loc[(arm, k)].steps_to_target
+                                for k in range(1, 6)])
+
+
+ABLATION_ROWS = {
+    "`tepo` (seeds 1, 2)": "tepo", "`mask_rule=surprisal`": "tepo-mask_surprisal", "`mask_rule=old`": "tepo-mask_old",
+    "`kl_coef=0.1`": "tepo-kl0.1", "`kl_coef=10`": "tepo-kl10", "clip 3e-3/4e-3": "tepo-clip3e-3",
+    "clip 3e-2/4e-2": "tepo-clip3e-2", "`gspo` (seeds 1, 2)": "gspo", "`gspo`, clip 3e-3/4e-3": "gspo-clip3e-3",
+    "`gspo`, clip 3e-2/4e-2": "gspo-clip3e-2", "`tepo_nomask-seqmean`": "tepo_nomask-seqmean",
+}
+
+
+def test_the_first_studys_ablation_table():
+    summary = csv("ablations", "compare.csv").set_index("algorithm")
+    runs = csv("ablations", "compare_runs.csv").set_index(["algorithm", "seed"])
+    rows = table_after("| arm | steps to target (seeds 1, 2)")
+    assert [row[0] for row in rows] == list(ABLATION_ROWS)
+    for label, steps, best, auc, clipped, masked in rows:
+        arm = ABLATION_ROWS[label]
+        for cell, column in ((steps, "steps_to_target"), (best, "best_val_acc"), (auc, "val_auc")):
+            assert_cell(cell, *[runs.loc[(arm, seed)][column] for seed in (1, 2)])
+        assert_cell(clipped.replace("(5 seeds)", ""), summary.loc[arm].clip_fraction)
+        if masked:
+            assert_cell(masked, summary.loc[arm].kl_mask_fraction)
+        else:
+            assert pd.isna(summary.loc[arm].kl_mask_fraction) or summary.loc[arm].kl_mask_fraction == 0, arm
+
+
+def test_the_first_studys_float32_pair():
+    summary = csv("precision", "compare.csv").set_index("algorithm")
+    paired = csv("precision", "compare_paired.csv").set_index(["baseline", "metric"])
+    rows = table_after("TEPO against GSPO at equal precision")
+    columns = ["steps_to_target", "best_val_acc", "final_val_acc", "val_auc", "entropy_end"]
+    for row in rows[:2]:
+        s = summary.loc[row[0].strip("`")]
+        assert_cell(row[1], s.steps_to_target, s.steps_to_target_ci_low, s.steps_to_target_ci_high)
+        for cell, column in zip(row[2:], columns[1:]):
+            assert_cell(cell, s[column])
+    assert rows[2][0] == "`tepo-fp32` minus `gspo-fp32`, paired"
+    for cell, column in zip(rows[2][1:], columns):
+        d = paired.loc[("gspo-fp32", column)]
+        with_interval = "[" in cell
+        expected = (d.mean_difference, d.ci_low, d.ci_high, d.p_value) if with_interval else (d.mean_difference,
+                                                                                               d.p_value)
+        assert_cell(cell, *expected)
+
+
+def test_the_first_studys_float32_per_seed_line():
+    runs = csv("precision", "compare_runs.csv").set_index(["algorithm", "seed"])
+    text = PAGE.read_text(encoding="utf-8")
+    found = re.search(r"Per seed \(1-5\), TEPO took ([\d, ]+) steps and GSPO ([\d, ]+): differences ([-+\d, ]+)\.",
+                      text)
+    assert found, "the float32 pair's per-seed line is missing"
+    tepo = [runs.loc[("tepo-fp32", k)].steps_to_target for k in range(1, 6)]
+    gspo = [runs.loc[("gspo-fp32", k)].steps_to_target for k in range(1, 6)]
+    assert_cell(found.group(1), *tepo)
+    assert_cell(found.group(2), *gspo)
+    assert_cell(found.group(3), *[a - b for a, b in zip(tepo, gspo)])
+
+
+@pytest.mark.parametrize("cell, values, ok", [("10 [7, 13]", (10, 7, 13), True), ("10 [7, 13]", (10, 7, 14), False),
+                                              ("-0.031 [-0.045, -0.016], p = 0.0625", (-0.031, -0.045, -0.016, 0.0625),
+                                               True)])
+def test_assert_cell_fails_on_a_wrong_number(cell, values, ok):
+    if ok:
+        assert_cell(cell, *values)
+    else:
+        with pytest.raises(AssertionError):
+            assert_cell(cell, *values)
