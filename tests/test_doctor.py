@@ -133,6 +133,9 @@ def test_gpu_like_noise_against_the_clip_range(noise_std, expected, tmp_path, ca
     line = lines["on-policy noise"]
     assert status(line) == expected, line
     assert f"= {worst:.2e}, {worst / 3e-4:.2g}x the clip range 0.0003/0.0004" in line
+    kl = max(abs(r["data"]["actor/ppo_kl"]) for r in records)
+    clipped = max(r["data"]["actor/pg_clipfrac"] for r in records)
+    assert f"|ppo_kl| max {kl:.1e}, clipped share max {clipped:.3g}" in line
     # on CUDA the log-probs are float32 by verl's source, with bf16 autocast: the dtype resolves the clip range
     assert status(lines["log-prob dtype"]) == "ok" and "float32, from the config: cuda" in lines["log-prob dtype"]
     assert "one update per step" in lines["clipped share"]

@@ -304,6 +304,9 @@ def check_noise(ev: Evidence) -> Finding:
     name = "on-policy noise"
     fix = "read it on a run with one update per step (ppo_mini_batch_size=train_batch_size, ppo_epochs=1)"
     logged = [(role, level) for role, level in NOISE_LEVELS if ev.series(role)]
+    kl, clipped = [abs(v) for v in ev.series("ppo_kl")], ev.series("clipfrac")
+    verl_view = (f"; verl's view of these on-policy updates: |ppo_kl| max {max(kl):.1e}, clipped share max "
+                 f"{max(clipped):.3g}" if ev.updates_per_step() == 1 and kl and clipped else "")
     if logged:
         role, level = logged[0]
         values = ev.series(role)
@@ -320,7 +323,7 @@ def check_noise(ev: Evidence) -> Finding:
         status = "ok" if share == 0 else "warn"
         return Finding(status, name, f"on-policy clipped share (every step has one update) max {share:.3g}: "
                        f"{'noise never crosses' if share == 0 else 'noise alone crosses'} the clip range "
-                       f"{clip[0]:g}/{clip[1]:g}", "" if share == 0 else NOISE_FIX)
+                       f"{clip[0]:g}/{clip[1]:g}{verl_view}", "" if share == 0 else NOISE_FIX)
     else:
         updates = ev.updates_per_step()
         why = f"{updates} updates per step" if updates else "updates per step unknown"
@@ -332,7 +335,7 @@ def check_noise(ev: Evidence) -> Finding:
     if clip is None:
         return Finding("unknown", name, f"{source} = {value:.2e}; the clip range is unknown", "pass --config")
     share = value / min(clip)
-    text = f"{source} = {value:.2e}, {share:.2g}x the clip range {clip[0]:g}/{clip[1]:g}"
+    text = f"{source} = {value:.2e}, {share:.2g}x the clip range {clip[0]:g}/{clip[1]:g}{verl_view}"
     if share < NOISE_WARN:
         return Finding("ok", name, text)
     if level == "token":
