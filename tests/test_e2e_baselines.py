@@ -41,24 +41,28 @@ def cpu_stack():
     conftest_e2e.require_cpu_stack()
 
 
+def _run(tmp_path_factory, algo: str) -> dict:
+    return run_recipe(tmp_path_factory.mktemp(algo) / f"{algo}-seed1", algo, STEPS)
+
+
 @pytest.fixture(scope="module")
 def grpo_run(tmp_path_factory):
-    return run_recipe(tmp_path_factory.mktemp("grpo") / "grpo-seed1", "grpo", STEPS)
+    return _run(tmp_path_factory, "grpo")
 
 
 @pytest.fixture(scope="module")
 def dapo_run(tmp_path_factory):
-    return run_recipe(tmp_path_factory.mktemp("dapo") / "dapo-seed1", "dapo", STEPS)
+    return _run(tmp_path_factory, "dapo")
 
 
 @pytest.fixture(scope="module")
 def gmpo_run(tmp_path_factory):
-    return run_recipe(tmp_path_factory.mktemp("gmpo") / "gmpo-seed1", "gmpo", STEPS)
+    return _run(tmp_path_factory, "gmpo")
 
 
 @pytest.fixture(scope="module")
 def kl_cov_run(tmp_path_factory):
-    return run_recipe(tmp_path_factory.mktemp("kl_cov") / "kl_cov-seed1", "kl_cov", STEPS)
+    return _run(tmp_path_factory, "kl_cov")
 
 
 def _validated(run) -> list[int]:

@@ -99,11 +99,21 @@ def test_tepo_estimator_ran_in_trainer(tepo_run):
     # the estimator itself announces that it ran, from the trainer process
     assert re.search(rf"\(TaskRunnerV1 pid=\d+\)\S* \[tepo-verl\] advantage estimator 'tepo' ran: {BATCH * N} "
                      rf"responses in {BATCH} groups", console), "no line from the tepo advantage estimator"
+    # the advantages are the group-normalised 0/1 rewards: with k of N right in a group (0 < k < N) a right
+    # response gets (1 - k/N) / std and a wrong one -(k/N) / std (Bessel's std); an all-equal group gets 0
+    stds = {k: math.sqrt(k * (N - k) / (N * (N - 1))) for k in range(1, N)}
+    highs = {0.0} | {(1 - k / N) / std for k, std in stds.items()}
+    lows = {0.0} | {-(k / N) / std for k, std in stds.items()}
+    spread = 0
     for record in tepo_run["records"]:
-        data = record["data"]
+        data, step = record["data"], record["step"]
         assert "timing_s/adv" in data, sorted(data)
-        for name in ("critic/advantages/mean", "critic/advantages/max", "critic/advantages/min"):
-            assert math.isfinite(data[name]), (name, data[name])
+        high, low = data["critic/advantages/max"], data["critic/advantages/min"]
+        assert min(abs(high - h) for h in highs) < 1e-4 and min(abs(low - w) for w in lows) < 1e-4, (step, high, low)
+        assert (high > 0) == (low < 0), (step, high, low)  # a group with a reward spread has both signs
+        assert low <= data["critic/advantages/mean"] <= high, step
+        spread += high > 0
+    assert spread, "no group had a reward spread on any step: the advantages were all zero"
 
 
 def test_tepo_loss_ran_in_actor_with_all_metrics_finite(tepo_run):
@@ -133,8 +143,9 @@ def test_off_policy_update_moves_the_ratio_and_fires_the_mask(tepo_run, nomask_r
     and without the mask: clipping does not depend on it), the mask fires and the masked KL is positive."""
     records = [r["data"] for r in tepo_run["records"]]
     assert any(metric(d, "tepo/seq_ratio_min") < 1.0 < metric(d, "tepo/seq_ratio_max") for d in records)
-    both = records + [r["data"] for r in nomask_run["records"]]
-    assert any(metric(d, "tepo/seq_clipfrac") > 0 for d in both)
+    for run in (tepo_run, nomask_run):  # each run clips on some step
+        clipped = [metric(r["data"], "tepo/seq_clipfrac") for r in run["records"]]
+        assert any(fraction > 0 for fraction in clipped), (run["dir"], clipped)
     assert any(metric(d, "tepo/mask_frac") > 0 and metric(d, "tepo/masked_kl_mean") > 0 for d in records)
 
 
@@ -174,7 +185,9 @@ def test_recipe_ends_with_the_comparison_table(tepo_run):
 
 def test_console_shows_training_progress(tepo_run):
     console = tepo_run["console"]
-    assert "Training Progress: 100%" in console or f"{STEPS}/{STEPS}" in console
+    # verl's own training bar (tqdm, "Training Progress"), at its end: STEPS of STEPS, not any other bar's count
+    assert re.search(rf"Training Progress: 100%\|[^|\n]*\| {STEPS}/{STEPS} ", console), \
+        [line[-120:] for line in console.splitlines() if "Training Progress" in line][-3:]
     assert "tepo/mask_frac" in console  # the console logger prints the step metrics too
     assert "target_num_threads" not in console  # the recipe sizes transfer_queue's threads to the machine
 

@@ -172,7 +172,15 @@ def sign_flip_p(differences, *, n_resamples: int = 10_000, seed: int = 0) -> flo
     if len(data) < 2:
         return math.nan
     exact = len(data) <= EXACT_PAIRS
-    result = stats.permutation_test((data,), np.mean, permutation_type="samples", alternative="two-sided",
+    # Ties: two sign patterns with the same mean in exact arithmetic can differ in their last bits (summation
+    # order), and scipy's tie tolerance is relative to the observed mean, which can be far below the data's
+    # scale. Rounding the mean at 1e-12 of the largest |difference| makes such patterns tie.
+    scale = float(np.abs(data).max()) or 1.0
+
+    def mean(values, axis=-1):
+        return np.round(np.mean(values, axis=axis) / scale, 12)
+
+    result = stats.permutation_test((data,), mean, permutation_type="samples", alternative="two-sided",
                                     n_resamples=np.inf if exact else n_resamples, random_state=seed)
     return float(result.pvalue)
 
