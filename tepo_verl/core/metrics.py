@@ -62,7 +62,7 @@ def loss_metrics(
     policy_grad: torch.Tensor,  # (B, T) d pg_it / d l_it
     penalty_grad: torch.Tensor,  # (B, T) d (beta D_it) / d l_it where the loss adds the penalty, else 0
 ) -> LossMetrics:
-    """The metrics of one micro-batch (README "Metrics"); ratio statistics of a batch with no response are 1."""
+    """The metrics of one micro-batch (docs/plugin.md "Metrics"); ratio statistics of a batch with no response are 1."""
     nonempty = valid.any(dim=-1)  # (B,)
     seq_ratio = torch.exp(torch.clamp(seq_log_ratio, max=log_ratio_clamp))[nonempty]  # (B',)
     clipped = valid & (-adv * clipped_ratio > -adv * ratio)  # (B, T) the clipped branch won

@@ -104,7 +104,7 @@ def compute_policy_loss_tepo(
     return out.loss, verl_metrics(out, extras)
 
 
-#: The core metrics logged as `tepo/<name>` (README "Metrics"); the ratios are token- (or response-) weighted.
+#: The core metrics logged as `tepo/<name>` (docs/plugin.md "Metrics"); the ratios are token- (or response-) weighted.
 TEPO_METRICS = ("mask_frac", "mask_frac_positive", "masked_kl_mean", "penalty_grad_ratio", "seq_ratio_mean",
                 "seq_clipfrac", "entropy", "entropy_delta", "surprisal_disagreement", "token_log_ratio_abs_mean",
                 "seq_ratio_min", "seq_ratio_max", "token_log_ratio_abs_max")
