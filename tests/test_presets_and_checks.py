@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 from verl_config import compose_config
 
+from tepo_verl.core.options import TepoOptions
 from tepo_verl.verl_adapter.checks import TepoConfigError, check_tepo_config
 from tepo_verl.verl_adapter.cli import is_verl_command, normalize_algorithm_override
 from tepo_verl.verl_adapter.version_check import UnsupportedVerlVersion, check_verl_version
@@ -86,9 +88,20 @@ def test_main_ppo_cfg_job_with_the_stock_entry_point(spelling):
     assert cfg.algorithm.adv_estimator == "tepo"
     assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == "tepo"
     assert cfg.actor_rollout_ref.actor.policy_loss._target_ == "tepo_verl.verl_adapter.config.TepoPolicyLossConfig"
-    assert set(cfg.actor_rollout_ref.actor.policy_loss.tepo) == {
-        "ratio_mode", "mask_rule", "mask_fallback", "mask_action", "kl_target", "kl_estimator", "kl_coef",
-        "log_ratio_clamp"}
+    # every option is in the preset (so each is an ordinary override), at its documented default
+    assert OmegaConf.to_container(cfg.actor_rollout_ref.actor.policy_loss.tepo) == TepoOptions().to_dict()
+
+
+@pytest.mark.parametrize("changed", [
+    {"mask_rule": "always"}, {"mask_rule": "always", "mask_advantage": "any"}, {"mask_top_frac": 0.2},
+    {"mask_old_rtol": 0.0},
+], ids=str)
+def test_the_control_variants_are_plain_overrides_of_the_preset(changed):
+    from verl_config import actor_config
+
+    overrides = ["+algorithm=tepo", *(f"actor_rollout_ref.actor.policy_loss.tepo.{k}={v}" for k, v in changed.items())]
+    assert actor_config(overrides).policy_loss.tepo == dataclasses.replace(TepoOptions(), **changed)
+    check_tepo_config(compose_config(overrides))
 
 
 def test_unknown_preset_lists_the_available_ones():
