@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 from verl_config import compose_config
 
+from tepo_verl.core.options import TepoOptions
 from tepo_verl.verl_adapter.checks import TepoConfigError, check_tepo_config
 from tepo_verl.verl_adapter.cli import is_verl_command, normalize_algorithm_override
 from tepo_verl.verl_adapter.version_check import UnsupportedVerlVersion, check_verl_version
@@ -38,17 +40,6 @@ PRESETS = {
              "actor_rollout_ref.actor.clip_ratio_low": 0.2, "actor_rollout_ref.actor.clip_ratio_high": 0.28,
              "actor_rollout_ref.actor.loss_agg_mode": "token-mean", "actor_rollout_ref.actor.use_kl_loss": False,
              "algorithm.filter_groups.enable": True, "algorithm.filter_groups.max_num_gen_batches": 0},
-    # verl's GMPO example (examples/gmpo_trainer): geo_mean, log-space clip 0.4 / 0.4, no KL
-    "gmpo": {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.actor.policy_loss.loss_mode": "geo_mean",
-             "actor_rollout_ref.actor.clip_ratio_low": 0.4, "actor_rollout_ref.actor.clip_ratio_high": 0.4,
-             "actor_rollout_ref.actor.use_kl_loss": False, "algorithm.filter_groups.enable": False},
-    # verl's entropy recipe (recipe/entropy, 7B KL-Cov): kl_cov on 0.2% of tokens, coefficient 1, token-mean, no KL
-    "kl_cov": {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.actor.policy_loss.loss_mode": "kl_cov",
-               "actor_rollout_ref.actor.policy_loss.kl_cov_ratio": 0.002,
-               "actor_rollout_ref.actor.policy_loss.ppo_kl_coef": 1.0,
-               "actor_rollout_ref.actor.clip_ratio_low": 0.2, "actor_rollout_ref.actor.clip_ratio_high": 0.2,
-               "actor_rollout_ref.actor.loss_agg_mode": "token-mean", "actor_rollout_ref.actor.use_kl_loss": False,
-               "algorithm.filter_groups.enable": False},
 }
 
 #: Keys every preset sets, so that a comparison differs in the preset alone.
@@ -97,9 +88,20 @@ def test_main_ppo_cfg_job_with_the_stock_entry_point(spelling):
     assert cfg.algorithm.adv_estimator == "tepo"
     assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == "tepo"
     assert cfg.actor_rollout_ref.actor.policy_loss._target_ == "tepo_verl.verl_adapter.config.TepoPolicyLossConfig"
-    from tepo_verl.core.options import TepoOptions
+    # every option is in the preset (so each is an ordinary override), at its documented default
+    assert OmegaConf.to_container(cfg.actor_rollout_ref.actor.policy_loss.tepo) == TepoOptions().to_dict()
 
-    assert set(cfg.actor_rollout_ref.actor.policy_loss.tepo) == set(TepoOptions.field_names())  # every option
+
+@pytest.mark.parametrize("changed", [
+    {"mask_rule": "always"}, {"mask_rule": "always", "mask_advantage": "any"}, {"mask_top_frac": 0.2},
+    {"mask_old_rtol": 0.0},
+], ids=str)
+def test_the_control_variants_are_plain_overrides_of_the_preset(changed):
+    from verl_config import actor_config
+
+    overrides = ["+algorithm=tepo", *(f"actor_rollout_ref.actor.policy_loss.tepo.{k}={v}" for k, v in changed.items())]
+    assert actor_config(overrides).policy_loss.tepo == dataclasses.replace(TepoOptions(), **changed)
+    check_tepo_config(compose_config(overrides))
 
 
 def test_unknown_preset_lists_the_available_ones():
