@@ -62,8 +62,8 @@ def _metric_names(cell: str) -> list[str]:
     return names
 
 
-def test_readme_metrics_table_lists_every_logged_tepo_metric():
+def test_the_metrics_table_lists_every_logged_tepo_metric():
     heading = "## Metrics (verl's normal metric path, each step, under `actor/`)"
-    rows = _table_after((REPO / "README.md").read_text(), heading)
+    rows = _table_after((REPO / "docs" / "plugin.md").read_text(), heading)
     listed = {name for row in rows for name in _metric_names(row[0]) if name.startswith("tepo/")}
     assert {f"tepo/{name}" for name in TEPO_METRICS} <= listed
