@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import verl  # noqa: F401  (loads the plugin first, as in every verl process)
@@ -24,6 +25,8 @@ from tepo_verl.verl_adapter.contract import (
     VerlSource,
     check_contract,
 )
+
+REPO = Path(__file__).resolve().parents[1]
 
 # (assumption(s) it breaks, module, text in the installed verl, what a changed verl has instead; None removes the
 # module)
@@ -149,9 +152,14 @@ def test_a_broken_contract_refuses_tepo_in_the_driver_in_one_line(algorithm, tmp
 
 
 def test_verl_plugins_off_says_so_instead_of_hydras_hint(tmp_path):
+    """With verl's plugins off only Hydra's own plugin scan can still see tepo-verl (its search-path plugin). The scan
+    finds `hydra_plugins/` on sys.path, as a regular install puts it in site-packages; an editable install (`pip
+    install -e`) hides it from the scan, so there Hydra's hint stays. The repository on PYTHONPATH stands in for a
+    regular install."""
+    env = {**os.environ, "VERL_USE_EXTERNAL_PLUGINS": "none",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     result = subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo", "algorithm=tepo"], capture_output=True,
-                            text=True, timeout=300, env={**os.environ, "VERL_USE_EXTERNAL_PLUGINS": "none"},
-                            cwd=tmp_path)
+                            text=True, timeout=300, env=env, cwd=tmp_path)
     assert result.returncode != 0
     assert "Could not override" not in result.stderr
     assert result.stderr.splitlines()[-1] == (
