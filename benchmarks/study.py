@@ -135,7 +135,7 @@ CHAIN = Study(
         "BATCH": "8",          # prompts per step (64 responses)
         "MINI": "1",           # BATCH / 8: 8 PPO updates per step, one epoch
         "STEPS": "80",
-        "TEST_FREQ": "4",      # greedy validation on the 256 validation problems: 21 points with the one before training
+        "TEST_FREQ": "4",      # greedy validation on the 256 problems: 21 points with the one before training
     },
     common_overrides=("actor_rollout_ref.rollout.max_num_seqs=128", "trainer.total_epochs=20"),
     arms=CHAIN_ARMS,
