@@ -20,6 +20,7 @@
 #   TINY_DIR  a tiny build to use (default: built or reused from ~/.cache/tepo-verl/tiny with the policy shipped in
 #             the package, the same start on every machine)
 #   N         rollouts per prompt (default 4), BATCH prompts per step (default 4)
+#   LR        the actor's learning rate (default 1e-4)
 #   PRECISION float32 (default: the FSDP actor and reference compute in float32, so the loss gets float32
 #             log-probs, as verl's GPU paths give it) | bf16 (verl's CPU default: bf16 log-probs, whose ratio near 1
 #             moves in steps of 3.9e-3, coarser than GSPO/TEPO's 3e-4 clip; tepo_verl/verl_adapter/precision.py)
@@ -41,6 +42,7 @@ BATCH="${BATCH:-4}"
 MINI="${MINI:-$(( BATCH > 1 ? BATCH / 2 : 1 ))}"
 SEED="${SEED:-1}"
 TEST_FREQ="${TEST_FREQ:-5}"
+LR="${LR:-1e-4}"
 
 PRESET_DIR="$REPO/tepo_verl/config/algorithm"
 VALID=$(cd "$PRESET_DIR" && ls -1 *.yaml | sed 's/\.yaml$//' | sort | paste -sd' ' -)
@@ -55,6 +57,10 @@ fi
 
 if ! [[ "$MINI" =~ ^[1-9][0-9]*$ && "$BATCH" =~ ^[1-9][0-9]*$ && "$N" =~ ^[1-9][0-9]*$ ]] || (( BATCH % MINI )); then
   echo "recipes/cpu.sh: BATCH, MINI and N must be positive integers with MINI dividing BATCH, got BATCH='$BATCH' MINI='$MINI' N='$N'" >&2
+  exit 2
+fi
+if ! [[ "$LR" =~ ^[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?$ ]] || [[ "$LR" =~ ^[0.]+([eE].*)?$ ]]; then
+  echo "recipes/cpu.sh: LR must be a positive number (such as 1e-4 or 0.00003), got '$LR'" >&2
   exit 2
 fi
 DRY_RUN="${DRY_RUN:-0}"
@@ -140,7 +146,7 @@ run_verl() {
   actor_rollout_ref.model.use_remove_padding=False \
   actor_rollout_ref.actor.strategy=fsdp2 \
   actor_rollout_ref.ref.strategy=fsdp2 \
-  actor_rollout_ref.actor.optim.lr=1e-4 \
+  actor_rollout_ref.actor.optim.lr="$LR" \
   actor_rollout_ref.actor.ppo_mini_batch_size="$MINI" \
   actor_rollout_ref.actor.data_loader_seed="$SEED" \
   actor_rollout_ref.rollout.seed="$SEED" \

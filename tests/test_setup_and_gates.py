@@ -125,8 +125,8 @@ def test_ci_runs_make_test_with_ci_set():
 def test_cpu_recipe_dry_run_prints_the_config_and_starts_nothing(tmp_path):
     conftest_data.require_module("verl", "composing verl's config needs verl")
     run_dir = tmp_path / "runs" / "grpo-seed1"
-    env = dict(os.environ, DRY_RUN="1", ALGO="grpo", STEPS="7", RUN_DIR=str(run_dir), PYTHON=sys.executable,
-               TEPO_VERL_CACHE=str(tmp_path / "cache"))
+    env = dict(os.environ, DRY_RUN="1", ALGO="grpo", STEPS="7", LR="3e-5", RUN_DIR=str(run_dir),
+               PYTHON=sys.executable, TEPO_VERL_CACHE=str(tmp_path / "cache"))
     started = time.monotonic()
     proc = subprocess.run(["bash", str(REPO / "recipes" / "cpu.sh"), "trainer.test_freq=2"], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=300)
@@ -136,6 +136,7 @@ def test_cpu_recipe_dry_run_prints_the_config_and_starts_nothing(tmp_path):
     assert config.trainer.total_training_steps == 7
     assert config.trainer.test_freq == 2  # extra arguments go to verl last
     assert config.actor_rollout_ref.actor.ppo_mini_batch_size == 2
+    assert config.actor_rollout_ref.actor.optim.lr == 3e-5
     assert config.data.train_files.startswith(str(tmp_path / "cache"))
     # nothing started: no run folder, no tiny build, no trainer
     assert not run_dir.exists() and not (tmp_path / "runs").exists()
@@ -150,6 +151,9 @@ def test_cpu_recipe_dry_run_prints_the_config_and_starts_nothing(tmp_path):
         ({"ALGO": "ppo"}, "unknown ALGO='ppo'. Valid: dapo, gmpo, grpo, gspo, kl_cov, tepo, tepo_nomask"),
         ({"STEPS": "0"}, "STEPS must be a positive integer, got '0'"),
         ({"MINI": "3"}, "MINI dividing BATCH, got BATCH='4' MINI='3'"),
+        ({"LR": "0"}, "LR must be a positive number (such as 1e-4 or 0.00003), got '0'"),
+        ({"LR": "-1e-4"}, "LR must be a positive number (such as 1e-4 or 0.00003), got '-1e-4'"),
+        ({"LR": "fast"}, "LR must be a positive number (such as 1e-4 or 0.00003), got 'fast'"),
     ],
 )
 def test_cpu_recipe_bad_settings(env, message, tmp_path):
