@@ -12,10 +12,11 @@ from __future__ import annotations
 import argparse
 import collections
 import csv
-import json
 import re
 import sys
 from pathlib import Path
+
+from tepo_verl.evaluation.samples import read_records
 
 #: The chain task's question, "What is 17+37+10?" (tepo_verl/tiny/scratchpad.py:question).
 QUESTION = re.compile(r"What is ([0-9+]+)\?")
@@ -30,18 +31,17 @@ def operand_count(prompt: str) -> int:
 
 def table(generations: Path) -> list[dict]:
     """One row per validation step: the overall accuracy and the accuracy and size of each operand count."""
-    files = sorted(generations.glob("*.jsonl"), key=lambda path: int(path.stem))
-    if not files:
+    steps = sorted(int(path.stem) for path in generations.glob("*.jsonl") if re.fullmatch(r"\d+", path.stem))
+    if not steps:
         raise ValueError(f"no validation generations (<step>.jsonl) in {generations}")
     rows = []
-    for path in files:
+    for step in steps:
         by_count: dict[int, list[float]] = collections.defaultdict(list)
-        for line in path.read_text().splitlines():
-            record = json.loads(line)
+        for record in read_records([generations / f"{step}.jsonl"], step):  # the project's reader of verl's dumps
             by_count[operand_count(record["input"])].append(float(record["acc"]))
         scores = [score for group in by_count.values() for score in group]
         counts = sorted(by_count)
-        rows.append({"step": int(path.stem), "all": round(sum(scores) / len(scores), 4),
+        rows.append({"step": step, "all": round(sum(scores) / len(scores), 4),
                      **{f"operands_{k}": round(sum(by_count[k]) / len(by_count[k]), 4) for k in counts},
                      **{f"n_{k}": len(by_count[k]) for k in counts}})
     return rows
