@@ -7,8 +7,9 @@ read back from the file logger's JSONL and the console:
   step, the last three off-policy;
 - `nomask_run`: the same seed and settings with the KL mask off (`mask_rule=off`), and verl's CPU default bf16
   actor forced (`PRECISION=bf16`; the recipe's default is float32): the off-policy update runs without the
-  penalty (that the penalty changes the update is shown bit for bit in tests/test_penalty_changes_update.py: verl 0.9.1's trainer orders each step's rollout requests by random group
-  ids, so two trainer runs with the same seed do not sample the same responses);
+  penalty (that the penalty changes the update is shown bit for bit in tests/test_penalty_changes_update.py:
+  verl 0.9.1's trainer orders each step's rollout requests by random group ids, so two trainer runs with the same
+  seed do not sample the same responses);
 - `onpolicy_run`: one mini-batch per step (current == old policy), the current entropy computed and the literal
   `old` mask rule, where the algorithm's invariants must hold exactly. Exactly is a CPU property: here the
   old-log-prob pass and the update compute bit-identical log-probs and entropies. On a GPU they do not (bf16
