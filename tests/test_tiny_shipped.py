@@ -234,6 +234,27 @@ def test_scratchpad_solution_and_sparse_reward():
     assert score("23+45=68\n68+17=85\n85+38=123\n123+1=124") == 0.0  # went on past the answer
 
 
+def test_scratchpad_styles_end_on_the_answer():
+    ops = (23, 45, 17, 38)
+    rewrite, running_rest = scratchpad.solution(ops, "rewrite"), scratchpad.solution(ops, "running_rest")
+    assert rewrite == "68+17+38\n85+38\n123"  # each line: the first two operands of the one before added
+    assert running_rest == "23+45=68+17+38\n68+17=85+38\n85+38=123"  # the two operands, their sum, the rest
+    for text in (rewrite, running_rest):
+        assert reward.compute_score(scratchpad.DATA_SOURCE, text, scratchpad.answer(ops)) == 1.0
+    assert scratchpad.solution((10, 11, 12), "rewrite") == "21+12\n33"
+    assert scratchpad.solution((10, 11, 12), "running_rest") == "10+11=21+12\n21+12=33"
+    assert scratchpad.solution(ops, "running") == scratchpad.solution(ops)  # the default style, as before
+    with pytest.raises(ValueError, match="style must be one of running, rewrite, running_rest, got 'tree'"):
+        scratchpad.solution(ops, "tree")
+    with pytest.raises(ValueError, match="scratchpad must be one of running, rewrite, running_rest, got 'tree'"):
+        scratchpad.ChainSpec(scratchpad="tree")
+    # the option is the chain task's (the scratchpad task's spec has no such field); at "running", the style the
+    # shipped chain policy was built with, it leaves the build key, so that policy keeps its key
+    assert "scratchpad" not in dataclasses.asdict(scratchpad.ScratchSpec())
+    keys = {style: scratchpad.ChainSpec(scratchpad=style).key() for style in scratchpad.SCRATCHPAD_STYLES}
+    assert len(set(keys.values())) == 3 and keys["running"] == shipped.manifest("chain")["key"]
+
+
 def test_scratchpad_responses_are_long_and_fit_the_recipe():
     from transformers import AutoTokenizer
 

@@ -50,6 +50,10 @@ from tepo_verl.tiny.common import (
 DATA_SOURCE = "tepo_tiny_scratchpad"
 ABILITY = "math"
 BUILDER_VERSION = 1
+#: How a response carries the chain (see solution): "running" writes `total+next=new total` per operand,
+#: "rewrite" rewrites the sum with its first two operands added, until one number is left, and "running_rest"
+#: writes the running line followed by the rest of the sum.
+SCRATCHPAD_STYLES = ("running", "rewrite", "running_rest")
 #: Longest response the scratchpad of the default spec needs (29 tokens + end of turn), with room to ramble.
 MAX_RESPONSE_TOKENS = 48
 
@@ -83,6 +87,10 @@ class ScratchSpec(PolicySpec):
         """How many operands a problem has: a number, or an inclusive (fewest, most) range drawn per problem."""
         return self.operands
 
+    def style(self) -> str:
+        """How the warm-up's target responses write the chain: one of SCRATCHPAD_STYLES."""
+        return "running"
+
     def distinct_problems(self) -> int:
         counts = self.operand_counts()
         low, high = counts if isinstance(counts, tuple) else (counts, counts)
@@ -98,6 +106,8 @@ class ChainSpec(ScratchSpec):
     DATA_SOURCE: ClassVar[str] = "tepo_tiny_chain"
     #: 6 operands need 53 tokens (+ end of turn); room to ramble
     MAX_RESPONSE_TOKENS: ClassVar[int] = 64
+    #: fields added after the first chain policy shipped, at the value it was built with (common.build_key)
+    ADDED_FIELDS: ClassVar[dict] = {"scratchpad": "running"}
     min_operands: int = 3
     operands: int = 6
     val_size: int = 256
@@ -106,9 +116,17 @@ class ChainSpec(ScratchSpec):
     init_policy: str = "scratchpad"
     warmup_lr: float = 1e-3
     warmup_steps: int = 400
+    scratchpad: str = "running"
+
+    def __post_init__(self):
+        if self.scratchpad not in SCRATCHPAD_STYLES:
+            raise ValueError(f"scratchpad must be one of {', '.join(SCRATCHPAD_STYLES)}, got {self.scratchpad!r}")
 
     def operand_counts(self) -> tuple[int, int]:
         return (self.min_operands, self.operands)
+
+    def style(self) -> str:
+        return self.scratchpad
 
     def start_from(self) -> str:
         return self.init_policy
@@ -120,13 +138,29 @@ def question(ops) -> str:
     return "What is " + "+".join(str(x) for x in ops) + "?"
 
 
-def solution(ops) -> str:
-    """The scratchpad: one line `total+next=new total` per operand after the first; the last number is the answer."""
-    lines, total = [], ops[0]
-    for x in ops[1:]:
-        lines.append(f"{total}+{x}={total + x}")
-        total += x
-    return "\n".join(lines)
+def solution(ops, style: str = "running") -> str:
+    """The scratchpad, one line per operand after the first; the last number is the answer.
+
+    running:      `total+next=new total`            23+45=68 / 68+17=85 / 85+38=123
+    rewrite:      the sum, first two added           68+17+38 / 85+38 / 123
+    running_rest: the running line, then the rest   23+45=68+17+38 / 68+17=85+38 / 85+38=123
+    A running line ends the chain only by counting the question's operands; a rewrite or running_rest line ends it
+    when its sum is one number, which the line itself shows. A running or running_rest line writes each partial
+    sum right after its two operands; a rewrite line writes it first, away from them."""
+    if style == "running":
+        lines, total = [], ops[0]
+        for x in ops[1:]:
+            lines.append(f"{total}+{x}={total + x}")
+            total += x
+        return "\n".join(lines)
+    if style in ("rewrite", "running_rest"):
+        lines, rest = [], list(ops)
+        while len(rest) > 1:
+            added = f"{rest[0]}+{rest[1]}=" if style == "running_rest" else ""
+            rest = [rest[0] + rest[1], *rest[2:]]
+            lines.append(added + "+".join(str(x) for x in rest))
+        return "\n".join(lines)
+    raise ValueError(f"style must be one of {', '.join(SCRATCHPAD_STYLES)}, got {style!r}")
 
 
 def answer(ops) -> str:
@@ -248,7 +282,7 @@ def warm_up(spec: ScratchSpec, model_dir: Path, log=print, eval_every: int = 0, 
             ops = draw(rng, spec.operand_counts(), spec.operand_range)
             if ops not in exclude:
                 batch.append(ops)
-        return supervised_batch(tok, [(question(ops), solution(ops)) for ops in batch])
+        return supervised_batch(tok, [(question(ops), solution(ops, spec.style())) for ops in batch])
 
     def evaluate_and_stop(step: int) -> bool:
         if not (eval_every and step % eval_every == 0 and step >= eval_from and val is not None):
