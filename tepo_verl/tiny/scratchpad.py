@@ -116,6 +116,7 @@ class ChainSpec(ScratchSpec):
     init_policy: str = "scratchpad"
     warmup_lr: float = 1e-3
     warmup_steps: int = 400
+    # how a response writes the chain: one of SCRATCHPAD_STYLES (see solution); docs/results.md has the runs of each
     scratchpad: str = "running"
 
     def __post_init__(self):
