@@ -23,6 +23,7 @@ import torch
 from tepo_verl.tiny import regenerate, reward, scratchpad, shipped
 from tepo_verl.tiny import task as addition
 from tepo_verl.tiny.build import TinySpec
+from tepo_verl.tiny.common import key_fields
 from tepo_verl.tiny.build import build as build_addition
 
 REPO = Path(__file__).resolve().parents[1]
@@ -57,7 +58,7 @@ def test_shipped_files_match_the_manifest(task):
     assert manifest is not None, f"no policy shipped for {task}"
     spec = regenerate.TASKS[task].spec()
     assert manifest["task"] == task and manifest["key"] == spec.key()
-    assert manifest["spec"] == json.loads(json.dumps(dataclasses.asdict(spec)))
+    assert manifest["spec"] == json.loads(json.dumps(key_fields(spec)))  # a field added since: at its old value
     assert set(manifest["files"]) == set(shipped.FILES)
     for name, digest in manifest["files"].items():
         path = shipped.folder(task) / name
@@ -243,7 +244,7 @@ def test_scratchpad_styles_end_on_the_answer():
         assert reward.compute_score(scratchpad.DATA_SOURCE, text, scratchpad.answer(ops)) == 1.0
     assert scratchpad.solution((10, 11, 12), "rewrite") == "21+12\n33"
     assert scratchpad.solution((10, 11, 12), "running_rest") == "10+11=21+12\n21+12=33"
-    assert scratchpad.solution(ops, "running") == scratchpad.solution(ops)  # the default style, as before
+    assert scratchpad.solution(ops, "running") == "23+45=68\n68+17=85\n85+38=123"  # named, the default
     with pytest.raises(ValueError, match="style must be one of running, rewrite, running_rest, got 'tree'"):
         scratchpad.solution(ops, "tree")
     with pytest.raises(ValueError, match="scratchpad must be one of running, rewrite, running_rest, got 'tree'"):
