@@ -44,20 +44,15 @@ class PolicySpec:
     warmup_lr: float = 3e-3
 
 
-def key_fields(spec) -> dict:
-    """The spec's fields that make its build key. A field added to a spec after builds of it were shipped is left
-    out while it holds the value those builds had (the spec's ADDED_FIELDS), so they keep their keys."""
+def build_key(spec, **tags) -> str:
+    """16 hex digits of the sha256 of the spec's fields and the tags (the builder version, the task): a build's id.
+    A field added to a spec after builds of it were shipped is left out while it holds the value those builds had
+    (the spec's ADDED_FIELDS), so they keep their keys."""
     fields = dataclasses.asdict(spec)
     for name, before in getattr(spec, "ADDED_FIELDS", {}).items():
         if fields[name] == before:
             del fields[name]
-    return fields
-
-
-def build_key(spec, **tags) -> str:
-    """16 hex digits of the sha256 of the spec's key_fields and the tags (the builder version, the task): a build's
-    id."""
-    blob = json.dumps({**tags, **key_fields(spec)}, sort_keys=True)
+    blob = json.dumps({**tags, **fields}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

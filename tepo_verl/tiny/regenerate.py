@@ -25,7 +25,6 @@ from pathlib import Path
 from tepo_verl.tiny import scratchpad, shipped
 from tepo_verl.tiny.build import TinySpec, shipped_measurements
 from tepo_verl.tiny.build import build as build_addition
-from tepo_verl.tiny.common import key_fields
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +59,7 @@ def regenerate(name: str, from_dir: Path | None = None, log=print) -> dict:
         if built.get("key") != spec.key():
             raise ValueError(f"{from_dir} was built with key {built.get('key')}, not the default spec's {spec.key()}")
         measured = task.measure(Path(from_dir) / "model", spec)
-        record = shipped.write(name, Path(from_dir), key_fields(spec), measured)
+        record = shipped.write(name, Path(from_dir), dataclasses.asdict(spec), measured)
     log(f"[shipped] {name}: {shipped.folder(name)} (weights {record['files'][shipped.WEIGHTS][:12]}, greedy "
         f"{record['val_accuracy_greedy']:.4f}, sampled {record['val_accuracy_sampled_t1']:.4f})")
     return record

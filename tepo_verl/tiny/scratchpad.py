@@ -106,7 +106,8 @@ class ChainSpec(ScratchSpec):
     DATA_SOURCE: ClassVar[str] = "tepo_tiny_chain"
     #: 6 operands need 53 tokens (+ end of turn); room to ramble
     MAX_RESPONSE_TOKENS: ClassVar[int] = 64
-    #: fields added after the first chain policy shipped, at the value it was built with (common.build_key)
+    #: fields added after the first chain policy shipped, at the value it was built with: left out of its key
+    #: at that value (common.build_key)
     ADDED_FIELDS: ClassVar[dict] = {"scratchpad": "running"}
     min_operands: int = 3
     operands: int = 6
