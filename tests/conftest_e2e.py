@@ -73,8 +73,21 @@ def training_lock():
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def composed_config(run_dir: Path, console: str):
+    """The config the trainer ran with, as Hydra saved it (run_dir/outputs/<date>/<time>/.hydra/config.yaml; the
+    newest when the folder holds several runs). Read from the file, not from verl's printout of it in the console,
+    which Ray's log streaming can split in the middle of a `'key': value` pair."""
+    from omegaconf import OmegaConf
+
+    saved = sorted(run_dir.glob("outputs/*/*/.hydra/config.yaml"))
+    if not saved:
+        pytest.fail(f"Hydra saved no config under {run_dir}/outputs:\n{console[-3000:]}", pytrace=False)
+    return OmegaConf.load(saved[-1])
+
+
 def run_recipe(run_dir: Path, algo: str, steps: int, *overrides: str, **env: str) -> dict:
-    """`ALGO=algo STEPS=steps bash recipes/cpu.sh overrides...` into run_dir; returns its console and records.
+    """`ALGO=algo STEPS=steps bash recipes/cpu.sh overrides...` into run_dir; returns its console, composed config
+    and records.
 
     The console goes to run_dir/pytest-console.log too. Fails the calling test with the end of the console when
     the recipe fails or the file logger wrote nothing.
@@ -99,6 +112,7 @@ def run_recipe(run_dir: Path, algo: str, steps: int, *overrides: str, **env: str
     return {
         "dir": run_dir,
         "console": console,
+        "config": composed_config(run_dir, console),
         "logged": logged,
         "by_step": {record["step"]: record["data"] for record in logged},
         "records": [record for record in logged if record["step"] >= 1],  # step 0: validation before training
