@@ -11,9 +11,11 @@ tepo_verl/config/algorithm/ plus verl overrides), seeds per arm group, the fixed
 target", and the comparisons of its results page section. Every arm of one seed gets the same learning rate,
 data order and seeds (recipes/cpu.sh's SEED), so runs pair by seed.
 
-- `cpu-chain` (the current study, float32): the chain task (3 to 6 operands, 17-53-token responses, 256 greedy
-  validation problems), pre-registered in docs/results.md before its first TEPO run. Its control arms take the KL
-  coefficient that the dose arms select by the plan's rule (`control_coef`), so they run once those are finished.
+- `cpu-chain` (the current study, float32): the chain task (3 to 5 operands, 21-59-token responses, 256 validation
+  problems sampled at temperature 1), pre-registered in docs/results.md before its first TEPO run. GRPO's seeds 1-5
+  run first and are the test bed's check (`test_bed_passed`): no other run starts until they meet it. Its control
+  arms take the KL coefficient that the dose arms select by the plan's rule (`control_coef`), so they run once those
+  are finished.
 - `cpu-scratchpad` (superseded, bf16 log-probs): the first study, kept for its committed runs; no new runs.
 
 Each finished run leaves, under benchmarks/results/<study>/<arm>-seed<k>/:
@@ -104,6 +106,11 @@ class Study:
 #: level whose arm has the highest seed-mean validation AUC over these seeds; a tie goes to the smaller coefficient.
 DOSE_LEVELS = {1.0: "tepo", 10.0: "tepo-kl10", 100.0: "tepo-kl100"}
 DOSE_SEEDS = (1, 2, 3, 4, 5)
+#: The test bed's own criterion (docs/results.md, its calibration), and the plan's gate: GRPO's seed-mean validation
+#: accuracy at the last validation at least RISE_MIN above its value at step RISE_FROM. GRPO's seeds CHECK_SEEDS run
+#: first, and no other run starts until they meet it.
+RISE_ARM, RISE_FROM, RISE_MIN = "grpo", 20, 0.05
+CHECK_SEEDS = (1, 2, 3, 4, 5)
 
 CHAIN_ARMS = (
     Arm("tepo", "tepo", why="the default preset (mask surprisal_old, kl_coef 1, clip 3e-4/4e-4)"),
@@ -129,18 +136,22 @@ CONTROL_TEMPLATES = (
 CHAIN = Study(
     name="cpu-chain",
     regime={
-        "TASK": "chain",       # 3-6 operands: responses of 17-53 tokens, reward on the final answer only
+        "TASK": "chain",       # 3-5 operands: responses of 21-59 tokens, reward on the final answer only
         "PRECISION": "float32",  # float32 log-probs, as verl's GPU paths hand the loss
         "N": "8",              # group size 8
-        "BATCH": "8",          # prompts per step (64 responses)
-        "MINI": "1",           # BATCH / 8: 8 PPO updates per step, one epoch
+        "BATCH": "32",         # prompts per step (256 responses): at 8 the curve is noise (docs/results.md)
+        "MINI": "4",           # BATCH / 8: 8 PPO updates per step, one epoch
         "STEPS": "80",
-        "TEST_FREQ": "4",      # greedy validation on the 256 problems: 21 points with the one before training
+        "TEST_FREQ": "4",      # validation on the 256 problems: 21 points with the one before training
     },
-    common_overrides=("actor_rollout_ref.rollout.max_num_seqs=128", "trainer.total_epochs=20"),
+    # a validation's 256 problems decode in one batch, sampled at temperature 1 (mean@1: the policy's expected
+    # reward, which keeps moving after the greedy answer has settled)
+    common_overrides=("actor_rollout_ref.rollout.max_num_seqs=256", "trainer.total_epochs=20",
+                      "actor_rollout_ref.rollout.val_kwargs.do_sample=True",
+                      "actor_rollout_ref.rollout.val_kwargs.temperature=1.0"),
     arms=CHAIN_ARMS,
     seeds={"main": tuple(range(1, 11)), "dose": DOSE_SEEDS, "control": DOSE_SEEDS},
-    target=0.35,  # the start (0.234) plus about 4.5 standard errors of the 256-problem validation (the plan)
+    target=0.28,  # the sampled start (0.172) plus about 4.5 standard errors of the 256-problem validation (the plan)
     comparisons={
         "main": Comparison("main", "Main arms (float32, 10 seeds)"),
         "dose": Comparison("dose", "The mask's dose: kl_coef 10 and 100 (with tepo, kl_coef 1, and tepo_nomask, 0)",
@@ -242,6 +253,34 @@ def control_coef(results: Path, steps: int) -> float | None:
     return min(coef for coef, mean in means.items() if mean == best)
 
 
+def grpo_rise(results: Path, steps: int, seeds: tuple[int, ...] | None = None) -> tuple[int, float, float] | None:
+    """(runs, seed-mean validation accuracy at RISE_FROM, at `steps`) over the finished RISE_ARM runs in `results`
+    (of `seeds` only, when given: None until all of them are finished; else None when none is)."""
+    from tepo_verl.report.runs import load_runs
+
+    if seeds is not None:
+        folders = [results / f"{RISE_ARM}-seed{seed}" for seed in seeds]
+        if not all(finished(folder, steps) for folder in folders):
+            return None
+    else:
+        folders = [path for path in sorted(results.glob(f"{RISE_ARM}-seed*")) if finished(path, steps)]
+        if not folders:
+            return None
+    curves = [dict(run.val_accuracy()) for run in load_runs([str(f / "metrics.jsonl") for f in folders])]
+    missing = [f.name for f, curve in zip(folders, curves) if RISE_FROM not in curve or steps not in curve]
+    if missing:
+        raise StudyError(f"no validation at step {RISE_FROM} or {steps} in {', '.join(missing)}")
+    at_from, at_last = (sum(curve[step] for curve in curves) / len(curves) for step in (RISE_FROM, steps))
+    return len(curves), at_from, at_last
+
+
+def test_bed_passed(results: Path, steps: int) -> bool | None:
+    """The plan's gate: GRPO's seeds CHECK_SEEDS rise by at least RISE_MIN from step RISE_FROM to the last
+    validation (None while any of them is unfinished)."""
+    rise = grpo_rise(results, steps, CHECK_SEEDS)
+    return None if rise is None else rise[2] - rise[1] >= RISE_MIN
+
+
 def control_arms(coef: float) -> tuple[Arm, ...]:
     """The control arms at KL coefficient `coef`."""
     return tuple(dataclasses.replace(arm, overrides=(*arm.overrides, f"{TEPO}.kl_coef={coef}"))
@@ -272,19 +311,27 @@ def select_arms(text: str, arms: tuple[Arm, ...], groups) -> list[Arm]:
     return list({arm.name: arm for arm in chosen}.values())
 
 
+def gate_run(run: Run, study: Study) -> bool:
+    """One of the runs of the chain study's gate (GRPO's seeds CHECK_SEEDS), which run before every other."""
+    return study is CHAIN and run.arm.name == RISE_ARM and run.seed in CHECK_SEEDS
+
+
 def plan(arms: list[Arm], seeds: tuple[int, ...] | None, study: Study) -> list[Run]:
     """Seed-major order (every arm of seed 1, then seed 2, ...), so a study stopped early stays paired by seed;
-    the control arms after every other arm's run of their seeds (their coefficient comes from the dose arms)."""
+    the chain study's gate runs first; the control arms after every other arm's run of their seeds (their
+    coefficient comes from the dose arms)."""
     per_arm = {arm.name: (seeds or study.seeds[arm.group]) for arm in arms}
     every = sorted({seed for values in per_arm.values() for seed in values})
+    runs = [Run(arm, seed) for seed in every for arm in arms if seed in per_arm[arm.name]]
 
-    def phase(keep) -> list[Run]:
-        return [Run(arm, seed) for seed in every for arm in arms if seed in per_arm[arm.name] and keep(arm, seed)]
+    def phase(run: Run) -> int:  # the gate; main and dose arms' seeds 1-5; the controls; the main arms' later seeds
+        if gate_run(run, study):
+            return 0
+        if run.arm.group == "control":
+            return 2
+        return 1 if run.seed <= max(DOSE_SEEDS) else 3
 
-    first = max(DOSE_SEEDS)
-    return [*phase(lambda arm, seed: arm.group != "control" and seed <= first),
-            *phase(lambda arm, seed: arm.group == "control"),
-            *phase(lambda arm, seed: arm.group != "control" and seed > first)]
+    return sorted(runs, key=phase)  # stable: seed-major within each phase
 
 
 def check_presets(arms) -> None:
@@ -471,9 +518,25 @@ def compare(results: Path, study: Study, python: str, log, plots: bool = True,
     return written
 
 
-def page_section(compared: dict[str, tuple[Comparison, Path]], page: Path, study: Study) -> str:
-    """The generated part of the results page for `study`: each comparison's compare.md and links to its plots."""
+def rise_check(results: Path, study: Study) -> str | None:
+    """The page's line on the test bed's criterion, from every finished RISE_ARM run (None: none finished yet)."""
+    rise = grpo_rise(results, int(study.regime["STEPS"]))
+    if rise is None:
+        return None
+    seeds, at_from, at_last = rise
+    verdict = "meets" if at_last - at_from >= RISE_MIN else "does not meet"
+    return (f"**The test bed's check** ({RISE_ARM}, {seeds} of {len(study.seeds['main'])} seeds): the seed-mean "
+            f"validation accuracy is {at_from:.3f} at step {RISE_FROM} and {at_last:.3f} at step "
+            f"{study.regime['STEPS']}, {at_last - at_from:+.3f}, which {verdict} the calibration's +{RISE_MIN:.2f}.")
+
+
+def page_section(compared: dict[str, tuple[Comparison, Path]], page: Path, study: Study, results: Path) -> str:
+    """The generated part of the results page for `study`: the chain test bed's check (from `results`), then each
+    comparison's compare.md and links to its plots."""
     lines = [study.page_begin, ""]
+    check = rise_check(results, study) if study is CHAIN else None
+    if check:
+        lines += [check, ""]
     for name, (comparison, out) in compared.items():
         lines += [f"#### {comparison.title}", ""]
         lines += [(out / "compare.md").read_text(encoding="utf-8").rstrip(), ""]
@@ -496,7 +559,7 @@ def write_page(results_root: Path, studies: list[Study], page: Path, python: str
             continue
         head, _, rest = text.partition(study.page_begin)
         _, _, tail = rest.partition(study.page_end)
-        text = head + page_section(compared, page, study) + tail
+        text = head + page_section(compared, page, study, results_root / study.name) + tail
     page.write_text(text, encoding="utf-8")
     log(f"[study] wrote the study tables into {page}")
 
@@ -566,12 +629,23 @@ def main(argv: list[str] | None = None, log=print) -> int:
         if study.superseded:
             raise StudyError(f"study {study.name} is superseded ({study.superseded}); use --page for its tables")
         check_study(results, regime, study)
+        todo = [run for run in runs if not finished(results / run.name, steps)]
+        passed = test_bed_passed(results, steps) if study is CHAIN else True
+        if passed is False:
+            _, at_from, at_last = grpo_rise(results, steps, CHECK_SEEDS)
+            raise StudyError(f"the test bed failed its check: {RISE_ARM}'s seeds {CHECK_SEEDS[0]}-{CHECK_SEEDS[-1]} "
+                             f"rose {at_last - at_from:+.3f} from step {RISE_FROM} to step {steps}, under "
+                             f"+{RISE_MIN:.2f}; no other run starts (docs/results.md, the plan)")
     except StudyError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    todo = [run for run in runs if not finished(results / run.name, steps)]
-    log(f"[study] {study.name}: {len(runs)} runs planned, {len(runs) - len(todo)} finished (skipped), "
+    held = [run for run in todo if not passed and not gate_run(run, study)]
+    todo = [run for run in todo if run not in held]
+    log(f"[study] {study.name}: {len(runs)} runs planned, {len(runs) - len(todo) - len(held)} finished (skipped), "
         f"{len(todo)} to run; results in {results}")
+    if held:
+        log(f"[study] {len(held)} runs wait for the test bed's check ({RISE_ARM} seeds {CHECK_SEEDS[0]}-"
+            f"{CHECK_SEEDS[-1]} first); rerun this command once they are finished")
     if waiting:
         log(f"[study] the control arms ({', '.join(a.name for a in waiting)}) wait for their kl_coef: the dose "
             f"arms' seeds {DOSE_SEEDS[0]}-{DOSE_SEEDS[-1]} first")

@@ -16,7 +16,8 @@
 #             so the ratio, clipping and KL mask see current != old as on a GPU cluster)
 #   TASK      addition (default: 'What is 37+45?', 3-token responses) | scratchpad (4 operands, partial sums
 #             before the answer, 26-29-token responses; tepo_verl/tiny/scratchpad.py) | chain (the scratchpad
-#             with 3 to 6 operands: 17-53-token responses, validated on 256 problems)
+#             with 3 to 5 operands, each partial sum beside its operands: 21-59-token responses, validated on
+#             256 problems)
 #   TINY_DIR  a tiny build to use (default: built or reused from ~/.cache/tepo-verl/tiny with the policy shipped in
 #             the package, the same start on every machine)
 #   N         rollouts per prompt (default 4), BATCH prompts per step (default 4)

@@ -21,7 +21,8 @@ sys.modules["study"] = study
 _spec.loader.exec_module(study)
 
 #: Stands in for recipes/cpu.sh: logs its environment and arguments, then writes a file-logger JSONL of STEPS steps
-#: into $RUN_DIR (fewer with FAKE_SHORT=1 for the arm FAKE_ALGO; exit 1 with FAKE_FAIL=1 for that arm).
+#: into $RUN_DIR (fewer with FAKE_SHORT=1 for the arm FAKE_ALGO; exit 1 with FAKE_FAIL=1 for that arm; a validation
+#: accuracy rising 0.05 a step, 0.01 with FAKE_FLAT=1 for that arm).
 FAKE = r"""#!/usr/bin/env bash
 set -euo pipefail
 printf '%s\n' "$(python -c 'import json, os, sys; print(json.dumps({"env": {k: os.environ.get(k) for k in ("TASK", "PRECISION", "N", "BATCH", "MINI", "STEPS", "TEST_FREQ", "ALGO", "SEED", "RUN_DIR", "QUIET", "COMPARE")}, "args": sys.argv[1:]}))' "$@")" >> "$FAKE_LOG"
@@ -29,7 +30,8 @@ last=$STEPS
 if [[ "${FAKE_ALGO:-}" == "$ALGO" && "${FAKE_FAIL:-0}" == 1 ]]; then exit 1; fi
 if [[ "${FAKE_ALGO:-}" == "$ALGO" && "${FAKE_SHORT:-0}" == 1 ]]; then last=$((STEPS - 1)); fi
 for ((step = 0; step <= last; step++)); do
-  acc=$(python -c "print(min(1.0, 0.25 + 0.05 * $step + 0.01 * $SEED))")
+  slope=0.05; if [[ "${FAKE_ALGO:-}" == "$ALGO" && "${FAKE_FLAT:-0}" == 1 ]]; then slope=0.01; fi
+  acc=$(python -c "print(min(1.0, 0.25 + $slope * $step + 0.01 * $SEED))")
   echo "{\"step\": $step, \"data\": {\"critic/score/mean\": $acc, \"val-core/tepo_tiny_chain/acc/mean@1\": $acc, \"timing_s/step\": 2.0}}" >> "$RUN_DIR/metrics.jsonl"
 done
 echo "console of $ALGO seed $SEED" > "$RUN_DIR/console.log"
@@ -42,8 +44,9 @@ def fake(tmp_path, monkeypatch):
     recipe.write_text(FAKE)
     log = tmp_path / "calls.jsonl"
     monkeypatch.setenv("FAKE_LOG", str(log))
-    for name in ("FAKE_ALGO", "FAKE_FAIL", "FAKE_SHORT"):
+    for name in ("FAKE_ALGO", "FAKE_FAIL", "FAKE_SHORT", "FAKE_FLAT"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(study, "RISE_FROM", 1)  # the gate's rise, from step 1 to the last, in runs of a few steps
 
     page = tmp_path / "page.md"
     page.write_text(f"# Results\n\nprose before\n\n{CHAIN.page_begin}\nold tables\n{CHAIN.page_end}\n\nprose after\n")
@@ -60,12 +63,21 @@ def fake(tmp_path, monkeypatch):
 
 
 CHAIN = study.CHAIN
+GATE = ("--arms", "grpo", "--seeds", "1-5", "--steps", "3", "--no-compare")
+GATE_RUNS = [f"grpo-seed{seed}" for seed in study.CHECK_SEEDS]
+
+
+def pass_the_gate(run) -> None:
+    """Run the chain study's gate (GRPO's seeds 1-5; the stand-in's curves rise 0.1 from step 1 to 3)."""
+    code, calls = run(*GATE)
+    assert code == 0 and [c["env"]["SEED"] for c in calls] == ["1", "2", "3", "4", "5"]
 ARGS = ("--arms", "tepo,tepo-kl10", "--seeds", "1-2", "--steps", "3", "--no-compare")
 KL10 = "actor_rollout_ref.actor.policy_loss.tepo.kl_coef=10.0"
 
 
 def test_runs_every_arm_and_seed_and_records_what_ran(fake):
     run, results = fake
+    pass_the_gate(run)
     code, calls = run(*ARGS)
     assert code == 0
     assert [(c["env"]["ALGO"], c["env"]["SEED"], KL10 in c["args"]) for c in calls] == [
@@ -77,15 +89,15 @@ def test_runs_every_arm_and_seed_and_records_what_ran(fake):
             "chain", "float32", "8", "3", "1", "0")
         assert int(env["BATCH"]) == 8 * int(env["MINI"])  # 8 PPO updates per step
     assert calls[1]["args"] == [*CHAIN.common_overrides, KL10]
-    assert sorted(p.name for p in results.iterdir()) == ["study.json", "tepo-kl10-seed1", "tepo-kl10-seed2",
-                                                         "tepo-seed1", "tepo-seed2"]
+    assert sorted(p.name for p in results.iterdir()) == sorted(["study.json", "tepo-kl10-seed1", "tepo-kl10-seed2",
+                                                                "tepo-seed1", "tepo-seed2", *GATE_RUNS])
     for name in ("tepo-seed1", "tepo-kl10-seed2"):
         assert sorted(p.name for p in (results / name).iterdir()) == ["metrics.jsonl", "run.json"]
         record = json.loads((results / name / "run.json").read_text())
         assert record["status"] == "finished" and record["commit"] == head and record["regime"]["STEPS"] == "3"
         assert isinstance(record["changed_tracked_files"], list)
         assert record["seed"] == int(name[-1]) and record["arm"] == name.rsplit("-seed", 1)[0]
-        assert "BATCH=8" in record["command"] and f"SEED={record['seed']}" in record["command"]
+        assert "BATCH=32 MINI=4" in record["command"] and f"SEED={record['seed']}" in record["command"]
         assert "bash " in record["command"] and record["command"].endswith(" ".join(record["overrides"]))
         lines = (results / name / "metrics.jsonl").read_text().splitlines()
         assert [json.loads(line)["step"] for line in lines] == [0, 1, 2, 3]
@@ -94,6 +106,7 @@ def test_runs_every_arm_and_seed_and_records_what_ran(fake):
 
 def test_resume_skips_finished_runs_and_reruns_the_rest(fake):
     run, results = fake
+    pass_the_gate(run)
     assert run(*ARGS)[0] == 0
     code, calls = run(*ARGS)
     assert code == 0 and calls == []  # everything finished: nothing runs
@@ -108,6 +121,7 @@ def test_resume_skips_finished_runs_and_reruns_the_rest(fake):
 
 def test_a_failed_or_short_run_leaves_no_record_and_the_others_go_on(fake, monkeypatch):
     run, results = fake
+    pass_the_gate(run)
     args = ("--arms", "tepo,gspo", "--seeds", "1-2", "--steps", "3", "--no-compare")
     monkeypatch.setenv("FAKE_ALGO", "gspo")
     monkeypatch.setenv("FAKE_FAIL", "1")
@@ -125,16 +139,41 @@ def test_a_failed_or_short_run_leaves_no_record_and_the_others_go_on(fake, monke
     assert code == 0 and len(calls) == 2 and (results / "gspo-seed2" / "run.json").is_file()
 
 
+def test_grpos_first_seeds_run_first_and_gate_every_other_run(fake):
+    run, results = fake
+    args = ("--arms", "tepo,grpo", "--seeds", "1-6", "--steps", "3", "--no-compare")
+    code, calls = run(*args)  # the gate alone: nothing else starts before it is finished
+    assert code == 0 and [(c["env"]["ALGO"], c["env"]["SEED"]) for c in calls] == [("grpo", s) for s in "12345"]
+    assert study.test_bed_passed(results, 3) is True  # rose 0.1 from step 1 to step 3 (RISE_FROM is 1 here)
+    code, calls = run(*args)
+    assert code == 0 and [(c["env"]["ALGO"], c["env"]["SEED"]) for c in calls] == [
+        *(("tepo", s) for s in "12345"), ("tepo", "6"), ("grpo", "6")]
+
+
+def test_a_test_bed_that_fails_its_check_starts_nothing_more(fake, monkeypatch, capsys):
+    run, results = fake
+    monkeypatch.setenv("FAKE_ALGO", "grpo")
+    monkeypatch.setenv("FAKE_FLAT", "1")  # GRPO rises 0.01 a step: 0.02 from step 1 to 3
+    assert study.test_bed_passed(results, 3) is None
+    pass_the_gate(run)
+    assert study.test_bed_passed(results, 3) is False
+    code, calls = run("--arms", "tepo", "--seeds", "1", "--steps", "3", "--no-compare")
+    assert code == 2 and calls == []
+    assert ("the test bed failed its check: grpo's seeds 1-5 rose +0.020 from step 1 to step 3, under +0.05"
+            in capsys.readouterr().err)
+
+
 def test_a_study_folder_holds_one_regime(fake, capsys):
     run, _ = fake
-    assert run(*ARGS)[0] == 0
-    code, calls = run("--arms", "tepo", "--seeds", "1", "--steps", "4", "--no-compare")
+    pass_the_gate(run)
+    code, calls = run("--arms", "grpo", "--seeds", "1", "--steps", "4", "--no-compare")
     assert code == 2 and calls == []
     assert "use another --results-root" in capsys.readouterr().err
 
 
 def test_ends_with_the_comparisons_and_the_results_page(fake):
     run, results = fake
+    pass_the_gate(run)
     code, _ = run("--arms", "tepo,grpo,tepo-kl10", "--seeds", "1-2", "--steps", "3", "--no-plots")
     assert code == 0
     main = (results / "compare" / "main" / "compare.csv").read_text().splitlines()
@@ -152,6 +191,7 @@ def test_ends_with_the_comparisons_and_the_results_page(fake):
 
 def test_page_alone_runs_nothing_and_needs_the_markers(fake, capsys):
     run, results = fake
+    pass_the_gate(run)
     assert run("--arms", "tepo,grpo", "--seeds", "1", "--steps", "3", "--no-compare")[0] == 0
     page = results.parents[1] / "page.md"
     code, calls = run("--page", "--no-plots")
@@ -166,6 +206,20 @@ def test_page_alone_runs_nothing_and_needs_the_markers(fake, capsys):
     assert "has no markers for study" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("gain, verdict", [(0.06, "meets"), (0.04, "does not meet")])
+def test_the_page_states_the_test_beds_check_on_grpos_seed_mean(tmp_path, gain, verdict):
+    steps = int(CHAIN.regime["STEPS"])
+    assert study.rise_check(tmp_path, CHAIN) is None  # no GRPO run yet: no line
+    for seed, spread in ((1, -0.01), (2, 0.01)):  # flat to step 20, then rising by gain +- 0.01
+        _finished_run(tmp_path, f"grpo-seed{seed}", [0.2 + (gain + spread) * max(0, k - 20) / (steps - 20)
+                                                     for k in range(steps + 1)], steps=steps)
+    _finished_run(tmp_path, "tepo-seed1", [0.9] * (steps + 1), steps=steps)  # another arm: not counted
+    _finished_run(tmp_path, "grpo-seed3", [0.9] * 4, steps=3)  # unfinished at the regime's steps: not counted
+    assert study.rise_check(tmp_path, CHAIN) == (
+        f"**The test bed's check** (grpo, 2 of 10 seeds): the seed-mean validation accuracy is 0.200 at step 20 and "
+        f"{0.2 + gain:.3f} at step {steps}, {gain:+.3f}, which {verdict} the calibration's +0.05.")
+
+
 @pytest.mark.parametrize("name", list(study.STUDIES))
 def test_the_committed_results_page_is_what_the_committed_runs_give(tmp_path, name):
     chosen = study.STUDIES[name]
@@ -175,7 +229,7 @@ def test_the_committed_results_page_is_what_the_committed_runs_give(tmp_path, na
         assert chosen is CHAIN, f"no committed runs in {results}"
         return  # the current study before its first committed run: the page keeps its placeholder
     compared = study.compare(results, chosen, sys.executable, log=lambda *_: None, plots=False, out_root=tmp_path)
-    expected = study.page_section(compared, page, chosen)
+    expected = study.page_section(compared, page, chosen, results)
     text = page.read_text()
     committed = chosen.page_begin + text.split(chosen.page_begin)[1].split(chosen.page_end)[0] + chosen.page_end
 
@@ -193,11 +247,11 @@ def test_the_lock_is_held_during_each_run_and_its_wait_recorded_apart(fake, tmp_
         releaser = threading.Timer(1.0, fcntl.flock, (held, fcntl.LOCK_UN))
         releaser.start()
         began = time.time()
-        code, calls = run("--arms", "tepo", "--seeds", "1", "--steps", "2", "--no-compare", "--lock", str(lock))
+        code, calls = run("--arms", "grpo", "--seeds", "1", "--steps", "2", "--no-compare", "--lock", str(lock))
         total = time.time() - began
         releaser.join()
     assert code == 0 and len(calls) == 1
-    record = json.loads((results / "tepo-seed1" / "run.json").read_text())
+    record = json.loads((results / "grpo-seed1" / "run.json").read_text())
     assert record["lock_wait_s"] >= 0.9 and record["wall_s"] <= total - record["lock_wait_s"] + 0.1
     assert record["command"].startswith("TASK=chain PRECISION=float32 ") and "flock" not in record["command"]
     with open(lock, "a") as again:  # released after the run
@@ -213,8 +267,13 @@ def test_the_chain_plan_has_ten_seeds_of_each_main_arm_five_of_each_dose_and_con
     dose = {a.name: a.overrides for a in CHAIN.arms if a.group == "dose"}
     assert dose == {"tepo-kl10": (f"{study.TEPO}.kl_coef=10.0",), "tepo-kl100": (f"{study.TEPO}.kl_coef=100.0",)}
     assert CHAIN.regime["PRECISION"] == "float32" and CHAIN.regime["TASK"] == "chain"
+    # 32 prompts per step in 8 updates; validation sampled at temperature 1 (the plan's primary metric is on it)
+    assert (CHAIN.regime["BATCH"], CHAIN.regime["MINI"], CHAIN.regime["STEPS"]) == ("32", "4", "80")
+    assert {"actor_rollout_ref.rollout.val_kwargs.do_sample=True",
+            "actor_rollout_ref.rollout.val_kwargs.temperature=1.0"} <= set(CHAIN.common_overrides)
     runs = study.plan(list(study.study_arms(CHAIN, 10.0)), None, CHAIN)
     assert len(runs) == 75 and len({r.name for r in runs}) == 75
+    assert [r.name for r in runs[:5]] == GATE_RUNS  # the test bed's check first
     # seeds 1-5 of the main and dose arms first, then the controls, then the main arms' seeds 6-10
     groups = [(r.arm.group != "control", r.seed <= 5) for r in runs]
     assert groups == [(True, True)] * 35 + [(False, True)] * 15 + [(True, False)] * 25
@@ -256,6 +315,7 @@ def test_the_controls_wait_for_the_dose_arms_then_run_at_the_chosen_coefficient(
     for coef, arm in study.DOSE_LEVELS.items():
         for seed in study.DOSE_SEEDS:
             _finished_run(results, f"{arm}-seed{seed}", [0.5 if coef == 100.0 else 0.3] * 4)
+    pass_the_gate(run)
     code, calls = run("--arms", "control", "--seeds", "1", "--steps", "3", "--no-compare")
     assert code == 0 and len(calls) == 3
     assert all(call["args"][-1] == f"{study.TEPO}.kl_coef=100.0" for call in calls)

@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--out", default=None, help="output dir (default: ~/.cache/tepo-verl/tiny/<key>)")
     b.add_argument("--task", choices=("addition", *CHAIN_TASKS), default="addition",
                    help="addition: 'What is 37+45?' -> '82' (default); scratchpad: 4 operands, partial sums first; "
-                        "chain: the scratchpad with 3 to 6 operands")
+                        "chain: the scratchpad with 3 to 5 operands, each sum beside its operands")
     b.add_argument("--seed", type=int, default=None, help="default: the task's spec (0)")
     b.add_argument("--warmup-steps", type=int, default=None, help="default: the task's spec")
     b.add_argument("--train-size", type=int, default=None, help="default: the task's spec")

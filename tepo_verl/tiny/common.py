@@ -45,14 +45,8 @@ class PolicySpec:
 
 
 def build_key(spec, **tags) -> str:
-    """16 hex digits of the sha256 of the spec's fields and the tags (the builder version, the task): a build's id.
-    A field added to a spec after builds of it were shipped is left out while it holds the value those builds had
-    (the spec's ADDED_FIELDS), so they keep their keys."""
-    fields = dataclasses.asdict(spec)
-    for name, before in getattr(spec, "ADDED_FIELDS", {}).items():
-        if fields[name] == before:
-            del fields[name]
-    blob = json.dumps({**tags, **fields}, sort_keys=True)
+    """16 hex digits of the sha256 of the spec's fields and the tags (the builder version, the task): a build's id."""
+    blob = json.dumps({**tags, **dataclasses.asdict(spec)}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

@@ -16,9 +16,10 @@ schema and DIR/manifest.json, like the addition task (tepo_verl/tiny/build.py). 
 (tepo_verl/tiny/policies/scratchpad, the same start on every machine) when the spec is the default one;
 `--retrain` (or a non-default spec) trains it here with a short supervised warm-up on the whole scratchpad.
 
-The chain task (`--task chain`, ChainSpec) is the same scratchpad with a varying number of operands (3 to 6 by
-default), so responses run from 17 to about 53 tokens: a chain of 2 to 5 additions. Longer chains are harder, which
-gives RL room to improve for longer, and the lengths differ, which token-level aggregation needs to act on.
+The chain task (`--task chain`, ChainSpec) is the scratchpad with a varying number of operands (3 to 5 by
+default), written `running_rest` (each line: the two operands, their sum, the rest of the sum), so responses run
+from 21 to 57 tokens: a chain of 2 to 4 additions. Longer chains are harder, which gives RL room to improve for
+longer, and the lengths differ, which token-level aggregation needs to act on.
 """
 
 from __future__ import annotations
@@ -99,26 +100,24 @@ class ScratchSpec(PolicySpec):
 
 @dataclasses.dataclass(frozen=True)
 class ChainSpec(ScratchSpec):
-    """The chain task: 3 to 6 operands per problem (`min_operands` to `operands`), validated on 256 problems; the
-    warm-up stops low on the accuracy curve (about a quarter of the validation problems right, greedy)."""
+    """The chain task: 3 to 5 operands per problem (`min_operands` to `operands`), written `running_rest`,
+    validated on 256 problems; the warm-up stops low on the accuracy curve (about a third of the validation problems
+    right greedy, a sixth sampled)."""
 
     TASK: ClassVar[str] = "chain"
     DATA_SOURCE: ClassVar[str] = "tepo_tiny_chain"
-    #: 6 operands need 53 tokens (+ end of turn); room to ramble
+    #: 5 operands need 57 tokens (+ end of turn) written running_rest, 6 written running 53: room to ramble
     MAX_RESPONSE_TOKENS: ClassVar[int] = 64
-    #: fields added after the first chain policy shipped, at the value it was built with: left out of its key
-    #: at that value (common.build_key)
-    ADDED_FIELDS: ClassVar[dict] = {"scratchpad": "running"}
     min_operands: int = 3
-    operands: int = 6
+    operands: int = 5
     val_size: int = 256
-    # warm-up: from the shipped scratchpad policy (4 operands), supervised on chains of 3-6 operands for a short
-    # while, so the policy starts with 4-operand chains mostly right and the others mostly wrong (docs/results.md)
+    # warm-up: from the shipped scratchpad policy (4 operands, written running), supervised on the chains until
+    # just after its accuracy starts to climb, so every operand count has some right samples (docs/results.md)
     init_policy: str = "scratchpad"
     warmup_lr: float = 1e-3
-    warmup_steps: int = 400
+    warmup_steps: int = 650
     # how a response writes the chain: one of SCRATCHPAD_STYLES (see solution); docs/results.md has the runs of each
-    scratchpad: str = "running"
+    scratchpad: str = "running_rest"
 
     def __post_init__(self):
         if self.scratchpad not in SCRATCHPAD_STYLES:
