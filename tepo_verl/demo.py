@@ -10,8 +10,8 @@ validation generations); the console shows one line per training step or validat
 file-logger JSONL as it grows: step k/N, mean training reward and validation accuracy (and, for DAPO, how many
 groups dynamic sampling threw away and regenerated). The end is `tepo-verl compare` over the runs, then what those
 numbers can and cannot say: six steps of a 150k-parameter model show the machinery, not a ranking; the committed
-study's headline (its best validation accuracy per arm, computed here from its committed runs with
-tepo_verl.report) and the path of its validation plot.
+study's headline (per arm, the area under its validation curve, the chain study's pre-registered primary metric,
+computed here from its committed runs with tepo_verl.report) and the path of its validation plot.
 """
 
 from __future__ import annotations
@@ -233,8 +233,9 @@ def study_runs(folder: Path) -> list[Path]:
 
 
 def study_headline(studies=STUDIES, root: Path = STUDY_ROOT) -> list[str]:
-    """The committed study's headline: per main arm, the best validation accuracy's seed mean and 95% bootstrap
-    interval, from its runs (tepo_verl.report), and the path of its validation plot. [] when no study has runs."""
+    """The committed study's headline: per main arm, the seed mean and 95% bootstrap interval of the area under
+    the validation curve (val_auc: the curve's mean over training, the chain study's primary metric), from its runs
+    (tepo_verl.report), and the path of its validation plot. [] when no study has runs."""
     from tepo_verl.report.compare import CONFIDENCE, auto_target, per_run_table, summarize
     from tepo_verl.report.runs import load_runs
 
@@ -246,17 +247,17 @@ def study_headline(studies=STUDIES, root: Path = STUDY_ROOT) -> list[str]:
     else:
         return []
     loaded = load_runs([str(path) for path in runs])
-    summary = summarize(per_run_table(loaded, auto_target(loaded)))  # best_val_acc does not depend on the target
+    summary = summarize(per_run_table(loaded, auto_target(loaded)))  # val_auc does not depend on the target
     regime = json.loads((folder / "study.json").read_text()).get("regime", {}) if (folder / "study.json").is_file() \
         else {}
     seeds = sorted({int(n) for n in summary["seeds"]})
     setting = ", ".join(part for part in (f"{regime['TASK']} task" if "TASK" in regime else "",
                                           f"{regime['STEPS']} steps" if "STEPS" in regime else "",
                                           f"{'-'.join(map(str, seeds))} seeds per arm") if part)
-    arms = ", ".join(f"{row.algorithm} {row.best_val_acc:.3f} [{row.best_val_acc_ci_low:.3f}, "
-                     f"{row.best_val_acc_ci_high:.3f}]" for row in summary.itertuples())
+    arms = ", ".join(f"{row.algorithm} {row.val_auc:.3f} [{row.val_auc_ci_low:.3f}, {row.val_auc_ci_high:.3f}]"
+                     for row in summary.itertuples())
     plot = folder / "compare" / "main" / "val_accuracy.png"
-    return [f"The committed study ({_show(folder)}: {setting}), best validation accuracy, seed mean "
+    return [f"The committed study ({_show(folder)}: {setting}), area under the validation curve, seed mean "
             f"[{CONFIDENCE:.0%} interval]: {arms} (the whole comparison: docs/results.md)",
             f"Its validation curves: {_show(plot) if plot.is_file() else '(no plot committed)'}"]
 

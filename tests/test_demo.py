@@ -141,8 +141,8 @@ def test_the_study_headline_is_computed_from_the_committed_runs():
         rows = list(csv.DictReader(handle))
     assert len(rows) >= 2
     for row in rows:
-        cell = (f"{row['algorithm']} {float(row['best_val_acc']):.3f} [{float(row['best_val_acc_ci_low']):.3f}, "
-                f"{float(row['best_val_acc_ci_high']):.3f}]")
+        cell = (f"{row['algorithm']} {float(row['val_auc']):.3f} [{float(row['val_auc_ci_low']):.3f}, "
+                f"{float(row['val_auc_ci_high']):.3f}]")
         assert cell in headline, (cell, headline)
     seeds = {int(row["seeds"]) for row in rows}
     assert f"{'-'.join(map(str, sorted(seeds)))} seeds per arm" in headline
