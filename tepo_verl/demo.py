@@ -31,8 +31,8 @@ PRESET_DIR = Path(__file__).resolve().parent / "config" / "algorithm"
 DEFAULT_ALGOS = ("tepo", "grpo", "dapo")
 REWARD = "critic/score/mean"
 EVICTED = "training/filter_groups/evicted_samples"
-#: The committed studies the demo quotes, in order of preference: the first with finished runs of its main
-#: comparison is quoted. Each is benchmarks/results/<name>/ with run folders <arm>-seed<k>/ (metrics.jsonl,
+#: The committed studies the demo quotes, in order of preference: the first whose main comparison has finished
+#: runs of two arms or more is quoted. Each is benchmarks/results/<name>/ with run folders <arm>-seed<k>/ (metrics.jsonl,
 #: run.json), study.json, and compare/main/ (the main arms' comparison: compare.csv, val_accuracy.png).
 STUDIES = ("cpu-chain", "cpu-scratchpad")
 STUDY_ROOT = REPO / "benchmarks" / "results"
@@ -217,7 +217,8 @@ def compare(run_dirs: list[Path], out: Path, env: dict[str, str]) -> int:
 
 
 def study_runs(folder: Path) -> list[Path]:
-    """The finished run folders of the study's main comparison (its arms: compare/main/compare.csv)."""
+    """The finished run folders of the study's main comparison (its arms: compare/main/compare.csv); none while
+    fewer than two of its arms have one (a headline compares arms)."""
     table = folder / "compare" / "main" / "compare.csv"
     if not table.is_file():
         return []
@@ -229,7 +230,8 @@ def study_runs(folder: Path) -> list[Path]:
         if record.get("status") == "finished" and record.get("arm") in arms and \
                 (run_json.parent / "metrics.jsonl").is_file():
             runs.append(run_json.parent)
-    return runs
+    arms_run = {json.loads((path / "run.json").read_text())["arm"] for path in runs}
+    return runs if len(arms_run) >= 2 else []
 
 
 def study_headline(studies=STUDIES, root: Path = STUDY_ROOT) -> list[str]:

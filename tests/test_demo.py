@@ -159,6 +159,11 @@ def test_the_headline_falls_back_to_the_next_study_until_the_first_has_runs(tmp_
     (tmp_path / "old").symlink_to(fallback)
     headline = demo.study_headline(("new", "old"), root=tmp_path)
     assert len(headline) == 2 and f"({tmp_path / 'old'}: " in headline[0], headline
+    # one arm finished (the chain study's GRPO seeds run first): still not a comparison, so still the fallback
+    (tmp_path / "new" / "tepo-seed1" / "metrics.jsonl").write_text('{"step": 0, "data": {}}\n')
+    (tmp_path / "new" / "tepo-seed1" / "run.json").write_text('{"arm": "tepo", "status": "finished"}')
+    assert demo.study_runs(tmp_path / "new") == []
+    assert f"({tmp_path / 'old'}: " in demo.study_headline(("new", "old"), root=tmp_path)[0]
     assert demo.study_headline(("new", "missing"), root=tmp_path) == []  # no study with runs: no headline
     lines = demo.context_lines(6, None)
     assert lines[0].startswith("These runs show verl's trainer running each algorithm; 6 steps of a tiny model")
