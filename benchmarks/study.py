@@ -281,6 +281,16 @@ def test_bed_passed(results: Path, steps: int) -> bool | None:
     return None if rise is None else rise[2] - rise[1] >= RISE_MIN
 
 
+def gate_state(results: Path, steps: int) -> str:
+    """The test bed's check in words: pending (how many of its runs are finished), passed or failed, with the rise."""
+    rise = grpo_rise(results, steps, CHECK_SEEDS)
+    if rise is None:
+        done = sum(finished(results / f"{RISE_ARM}-seed{seed}", steps) for seed in CHECK_SEEDS)
+        return f"pending, {done} of {len(CHECK_SEEDS)} runs finished"
+    gain = rise[2] - rise[1]
+    return f"{'passed' if gain >= RISE_MIN else 'failed'}, {gain:+.3f} from step {RISE_FROM} to step {steps}"
+
+
 def control_arms(coef: float) -> tuple[Arm, ...]:
     """The control arms at KL coefficient `coef`."""
     return tuple(dataclasses.replace(arm, overrides=(*arm.overrides, f"{TEPO}.kl_coef={coef}"))
@@ -619,6 +629,9 @@ def main(argv: list[str] | None = None, log=print) -> int:
             log(f"study {study.name}: regime {regime}; verl overrides for every run: "
                 f"{' '.join(study.common_overrides)}; target {study.target}"
                 + (f"; superseded: {study.superseded}" if study.superseded else ""))
+            if study is CHAIN:
+                log(f"  the test bed's check ({RISE_ARM} seeds {CHECK_SEEDS[0]}-{CHECK_SEEDS[-1]} first, no other run "
+                    f"before it): {gate_state(results, steps)}")
             for arm in [*arms, *waiting]:
                 seeds = [r.seed for r in runs if r.arm is arm] or list(study.seeds[arm.group])
                 done = [s for s in seeds if finished(results / f"{arm.name}-seed{s}", steps)]

@@ -145,6 +145,7 @@ def test_grpos_first_seeds_run_first_and_gate_every_other_run(fake):
     code, calls = run(*args)  # the gate alone: nothing else starts before it is finished
     assert code == 0 and [(c["env"]["ALGO"], c["env"]["SEED"]) for c in calls] == [("grpo", s) for s in "12345"]
     assert study.test_bed_passed(results, 3) is True  # rose 0.1 from step 1 to step 3 (RISE_FROM is 1 here)
+    assert study.gate_state(results, 3) == "passed, +0.100 from step 1 to step 3"
     code, calls = run(*args)
     assert code == 0 and [(c["env"]["ALGO"], c["env"]["SEED"]) for c in calls] == [
         *(("tepo", s) for s in "12345"), ("tepo", "6"), ("grpo", "6")]
@@ -155,8 +156,10 @@ def test_a_test_bed_that_fails_its_check_starts_nothing_more(fake, monkeypatch, 
     monkeypatch.setenv("FAKE_ALGO", "grpo")
     monkeypatch.setenv("FAKE_FLAT", "1")  # GRPO rises 0.01 a step: 0.02 from step 1 to 3
     assert study.test_bed_passed(results, 3) is None
+    assert study.gate_state(results, 3) == "pending, 0 of 5 runs finished"
     pass_the_gate(run)
     assert study.test_bed_passed(results, 3) is False
+    assert study.gate_state(results, 3) == "failed, +0.020 from step 1 to step 3"
     code, calls = run("--arms", "tepo", "--seeds", "1", "--steps", "3", "--no-compare")
     assert code == 2 and calls == []
     assert ("the test bed failed its check: grpo's seeds 1-5 rose +0.020 from step 1 to step 3, under +0.05"
@@ -350,7 +353,8 @@ def test_list_prints_the_plan_and_runs_nothing(tmp_path):
     lines: list[str] = []
     code = study.main(["--list", "--results-root", str(tmp_path)], log=lines.append)
     assert code == 0 and not any(tmp_path.iterdir())
-    assert len(lines) == 1 + len(CHAIN.arms) + len(study.CONTROL_TEMPLATES)
+    assert len(lines) == 2 + len(CHAIN.arms) + len(study.CONTROL_TEMPLATES)  # the regime, the check, the arms
+    assert lines[1].endswith("pending, 0 of 5 runs finished")
     assert "ctl-top20" in lines[-1] and "kl_coef pending" in lines[-1]
 
 
