@@ -256,8 +256,9 @@ def study_headline(studies=STUDIES, root: Path = STUDY_ROOT) -> list[str]:
     setting = ", ".join(part for part in (f"{regime['TASK']} task" if "TASK" in regime else "",
                                           f"{regime['STEPS']} steps" if "STEPS" in regime else "",
                                           f"{'-'.join(map(str, seeds))} seeds per arm") if part)
-    arms = ", ".join(f"{row.algorithm} {row.val_auc:.3f} [{row.val_auc_ci_low:.3f}, {row.val_auc_ci_high:.3f}]"
-                     for row in summary.itertuples())
+    arms = ", ".join(f"{row.algorithm} {row.val_auc:.3f} " + (
+        f"[{row.val_auc_ci_low:.3f}, {row.val_auc_ci_high:.3f}]" if row.val_auc_ci_low == row.val_auc_ci_low
+        else f"(no interval: {row.seeds} seed)") for row in summary.itertuples())  # NaN: a single seed
     plot = folder / "compare" / "main" / "val_accuracy.png"
     return [f"The committed study ({_show(folder)}: {setting}), area under the validation curve, seed mean "
             f"[{CONFIDENCE:.0%} interval]: {arms} (the whole comparison: docs/results.md)",
