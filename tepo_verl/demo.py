@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import os
 import subprocess
 import sys
@@ -32,8 +33,8 @@ DEFAULT_ALGOS = ("tepo", "grpo", "dapo")
 REWARD = "critic/score/mean"
 EVICTED = "training/filter_groups/evicted_samples"
 #: The committed studies the demo quotes, in order of preference: the first whose main comparison has finished
-#: runs of two arms or more is quoted. Each is benchmarks/results/<name>/ with run folders <arm>-seed<k>/ (metrics.jsonl,
-#: run.json), study.json, and compare/main/ (the main arms' comparison: compare.csv, val_accuracy.png).
+#: runs of two arms or more is quoted. Each is benchmarks/results/<name>/ with run folders <arm>-seed<k>/
+#: (metrics.jsonl, run.json), study.json, and compare/main/ (the main arms' comparison: compare.csv, val_accuracy.png).
 STUDIES = ("cpu-chain", "cpu-scratchpad")
 STUDY_ROOT = REPO / "benchmarks" / "results"
 #: Columns of the comparison's per-algorithm CSV shown on the console (all of them are in compare.md).
@@ -224,13 +225,13 @@ def study_runs(folder: Path) -> list[Path]:
         return []
     with open(table, newline="") as handle:
         arms = {row["algorithm"] for row in csv.DictReader(handle)}
-    runs = []
+    runs, arms_run = [], set()
     for run_json in sorted(folder.glob("*/run.json")):
         record = json.loads(run_json.read_text())
         if record.get("status") == "finished" and record.get("arm") in arms and \
                 (run_json.parent / "metrics.jsonl").is_file():
             runs.append(run_json.parent)
-    arms_run = {json.loads((path / "run.json").read_text())["arm"] for path in runs}
+            arms_run.add(record["arm"])
     return runs if len(arms_run) >= 2 else []
 
 
@@ -257,7 +258,7 @@ def study_headline(studies=STUDIES, root: Path = STUDY_ROOT) -> list[str]:
                                           f"{regime['STEPS']} steps" if "STEPS" in regime else "",
                                           f"{'-'.join(map(str, seeds))} seeds per arm") if part)
     arms = ", ".join(f"{row.algorithm} {row.val_auc:.3f} " + (
-        f"[{row.val_auc_ci_low:.3f}, {row.val_auc_ci_high:.3f}]" if row.val_auc_ci_low == row.val_auc_ci_low
+        f"[{row.val_auc_ci_low:.3f}, {row.val_auc_ci_high:.3f}]" if not math.isnan(row.val_auc_ci_low)
         else f"(no interval: {row.seeds} seed)") for row in summary.itertuples())  # NaN: a single seed
     plot = folder / "compare" / "main" / "val_accuracy.png"
     return [f"The committed study ({_show(folder)}: {setting}), area under the validation curve, seed mean "

@@ -18,8 +18,8 @@ schema and DIR/manifest.json, like the addition task (tepo_verl/tiny/build.py). 
 
 The chain task (`--task chain`, ChainSpec) is the scratchpad with a varying number of operands (3 to 5 by
 default), written `running_rest` (each line: the two operands, their sum, the rest of the sum), so responses run
-from 21 to 57 tokens: a chain of 2 to 4 additions. Longer chains are harder, which gives RL room to improve for
-longer, and the lengths differ, which token-level aggregation needs to act on.
+from 20 to 58 tokens (+ end of turn): a chain of 2 to 4 additions. Longer chains are harder, which gives RL room
+to improve for longer, and the lengths differ, which token-level aggregation needs to act on.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ class ChainSpec(ScratchSpec):
 
     TASK: ClassVar[str] = "chain"
     DATA_SOURCE: ClassVar[str] = "tepo_tiny_chain"
-    #: 5 operands need 57 tokens (+ end of turn) written running_rest, 6 written running 53: room to ramble
+    #: 5 operands need up to 58 tokens (+ end of turn) written running_rest, 6 written running 53: room to ramble
     MAX_RESPONSE_TOKENS: ClassVar[int] = 64
     min_operands: int = 3
     operands: int = 5
