@@ -145,12 +145,54 @@ def test_gpu_like_noise_against_the_clip_range(noise_std, expected, tmp_path, ca
 
 
 def test_a_logged_noise_metric_is_read_first_from_the_table(tmp_path, capsys):
-    name = doctor.METRICS["noise_token"][0]
+    name = doctor.METRICS["noise_token"][0]  # what the loss logs: the max over the step's updates
     run = write_run(tmp_path / "run", gpu_like_metrics(1e-6, **{name: lambda step: 1e-4 * step}))
-    gpu_config(run, "actor_rollout_ref.actor.ppo_mini_batch_size=16")  # 4 updates per step: only the metric tells
+    gpu_config(run)  # one update per step: the step's max is the on-policy update's
     _, lines = run_doctor(capsys, run)
     assert f"({name}), max over 12 steps = 1.20e-03, 4x the clip range" in lines["on-policy noise"]
     assert status(lines["on-policy noise"]) == "warn"  # a token statistic: the sequence ratio averages it down
+
+
+def test_with_several_updates_a_step_only_an_on_policy_metric_is_noise(tmp_path, capsys):
+    """With 4 updates a step the step's |log-ratio| max is the later updates' drift (12.4 on the chain's TEPO
+    runs), not noise; a metric of the on-policy update alone still is."""
+    mixed = doctor.METRICS["noise_token"][0]
+    alone = next(n for n in doctor.METRICS["noise_token"] if doctor.ON_POLICY_ONLY in n)
+    for logged, expected in (({mixed: 5.0}, "unknown"), ({mixed: 5.0, alone: 2e-3}, "warn")):
+        run = write_run(tmp_path / expected, gpu_like_metrics(1e-6, **logged))
+        gpu_config(run, "actor_rollout_ref.actor.ppo_mini_batch_size=16")
+        _, lines = run_doctor(capsys, run)
+        line = lines["on-policy noise"]
+        assert status(line) == expected, line
+        if expected == "unknown":
+            assert "4 updates per step" in line and f"{mixed}: over all of a step's updates" in line
+        else:
+            assert f"({alone}), max over 12 steps = 2.00e-03" in line
+
+
+def test_a_committed_study_record_gives_the_runs_precision(tmp_path, capsys):
+    """A committed study run has its run.json, no Hydra config: the regime's PRECISION=float32 is the float32 actor
+    (recipes/cpu.sh), so the dtype line is float32, not the CPU's bf16 autocast."""
+    source = RUNS.parent / "cpu-chain" / "tepo-seed1"
+    record = json.loads((source / "run.json").read_text())
+    assert record["regime"]["PRECISION"] == "float32" and not any("param_dtype" in o for o in record["overrides"])
+    for precision, dtype, expected in (("float32", "float32", "ok"), ("bf16", "bfloat16", "FAIL")):
+        run = write_run(tmp_path / precision, [json.loads(line) for line in
+                                               (source / "metrics.jsonl").read_text().splitlines()])
+        (run / "run.json").write_text(json.dumps({**record, "regime": {**record["regime"], "PRECISION": precision},
+                                                  "command": record["command"].replace("float32", precision)}))
+        _, lines = run_doctor(capsys, run)
+        assert status(lines["log-prob dtype"]) == expected and f"] log-prob dtype: {dtype}," in lines["log-prob dtype"]
+    # the committed run itself (docs/doctor.md): float32, the drift of 8 updates a step not read as noise, and
+    # at kl_coef=1 a mask over nearly every positive token with a weak penalty
+    _, lines = run_doctor(capsys, source)
+    assert status(lines["log-prob dtype"]) == "ok" and status(lines["on-policy noise"]) == "unknown"
+    assert status(lines["TEPO mask"]) == "warn" and "nearly every positive token" in lines["TEPO mask"]
+    assert status(lines["TEPO penalty strength"]) == "warn" and "barely moves" in lines["TEPO penalty strength"]
+    # with the precision only in the command (no regime), the command's assignment is read
+    (run / "run.json").write_text(json.dumps({**record, "regime": {}}))
+    _, lines = run_doctor(capsys, run)
+    assert "log-prob dtype: float32," in lines["log-prob dtype"]
 
 
 @pytest.mark.parametrize("overrides, check, expected, fragment", [

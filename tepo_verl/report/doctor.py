@@ -57,13 +57,15 @@ METRICS: dict[str, tuple[str, ...]] = {
     "adv_max": ("critic/advantages/max",),
     "evicted": ("training/filter_groups/evicted_samples",),
     "rollout_probs_diff": ("training/rollout_probs_diff_mean",),
-    # the on-policy update's numerical noise, |log-ratio| statistics the loss logs for that update (NOISE_LEVELS)
+    # the on-policy update's numerical noise (NOISE_LEVELS): |log-ratio| statistics of the step's updates, which
+    # are that noise only when the step has one update, or of the on-policy update alone (ON_POLICY_ONLY names)
     "noise_sequence": ("actor/tepo/seq_log_ratio_abs_max", "actor/tepo/onpolicy_seq_log_ratio_abs_max"),
     "noise_token": ("actor/tepo/token_log_ratio_abs_max", "actor/tepo/onpolicy_token_log_ratio_abs_max",
                     "actor/tepo/token_log_ratio_abs_mean"),
 }
 #: The noise roles, read in this order: the sequence ratio is what TEPO and GSPO clip.
 NOISE_LEVELS = (("noise_sequence", "sequence"), ("noise_token", "token"))
+ON_POLICY_ONLY = "/onpolicy_"  # in a metric's name: logged for the step's on-policy update alone
 MASK_RULE_PREFIX = "actor/tepo/mask_rule/"
 PRECISION_WARNING = re.compile(r"\[tepo-verl\] WARNING: the actor's log-probs arrive in torch\.(\w+)")
 
@@ -102,10 +104,13 @@ class Evidence:
     def series(self, role: str) -> list[float]:
         """The finite values of a role's first logged metric, in step order."""
         for name in METRICS[role]:
-            values = [m[name] for _, m in sorted(self.metrics.items()) if _finite(m.get(name))]
-            if values:
+            if values := self.values_of(name):
                 return values
         return []
+
+    def values_of(self, name: str) -> list[float]:
+        """The finite values of one metric, in step order."""
+        return [m[name] for _, m in sorted(self.metrics.items()) if _finite(m.get(name))]
 
     def name_of(self, role: str) -> str:
         return next((n for n in METRICS[role] if any(n in m for m in self.metrics.values())), METRICS[role][0])
@@ -214,7 +219,8 @@ def load_config_file(path: Path) -> DictConfig:
 
 def config_from_record(path: Path) -> DictConfig | None:
     """The keys the doctor reads, from the study's run.json: its preset, its overrides, and recipes/cpu.sh's
-    regime (prompts per step and per mini-batch; the CPU device)."""
+    regime (prompts per step and per mini-batch, the precision; the CPU device). The precision is the regime's
+    PRECISION, else the one the command sets; a record with neither predates the recipe's PRECISION (bf16 then)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     try:
@@ -232,9 +238,22 @@ def config_from_record(path: Path) -> DictConfig | None:
             OmegaConf.update(config, "data.train_batch_size", int(regime["BATCH"]), force_add=True)
             OmegaConf.update(config, "actor_rollout_ref.actor.ppo_mini_batch_size", int(regime["MINI"]),
                              force_add=True)
-    for override in OverridesParser.create().parse_overrides(list(record.get("overrides", []))):
+    precision = regime.get("PRECISION") or _command_setting(str(record.get("command", "")), "PRECISION")
+    overrides = [*(FLOAT32_OVERRIDES if precision == "float32" else ()), *record.get("overrides", [])]
+    for override in OverridesParser.create().parse_overrides(overrides):
         OmegaConf.update(config, override.key_or_group, override.value(), force_add=True)
     return config
+
+
+def _command_setting(command: str, name: str) -> str | None:
+    """NAME's value among the VAR=value assignments that lead COMMAND (`TASK=chain PRECISION=float32 bash ...`)."""
+    for word in command.split():
+        key, sep, value = word.partition("=")
+        if not sep or not key.isidentifier():
+            return None
+        if key == name:
+            return value
+    return None
 
 
 def gather(run: Path, config: Path | None = None, console: Path | None = None) -> Evidence:
@@ -303,19 +322,21 @@ def check_noise(ev: Evidence) -> Finding:
     clip = ev.clip_range()
     name = "on-policy noise"
     fix = "read it on a run with one update per step (ppo_mini_batch_size=train_batch_size, ppo_epochs=1)"
-    logged = [(role, level) for role, level in NOISE_LEVELS if ev.series(role)]
+    one_update = ev.updates_per_step() == 1
+    logged = [(name, level) for role, level in NOISE_LEVELS for name in METRICS[role] if ev.values_of(name)]
+    usable = [(name, level) for name, level in logged if one_update or ON_POLICY_ONLY in name]
     kl, clipped = [abs(v) for v in ev.series("ppo_kl")], ev.series("clipfrac")
     verl_view = (f"; verl's view of these on-policy updates: |ppo_kl| max {max(kl):.1e}, clipped share max "
-                 f"{max(clipped):.3g}" if ev.updates_per_step() == 1 and kl and clipped else "")
-    if logged:
-        role, level = logged[0]
-        values = ev.series(role)
-        value, source = max(values), f"|{level} log-ratio| ({ev.name_of(role)}), max over {len(values)} steps"
-    elif ev.updates_per_step() == 1 and ev.series("seq_ratio_max"):
+                 f"{max(clipped):.3g}" if one_update and kl and clipped else "")
+    if usable:
+        metric, level = usable[0]
+        values = ev.values_of(metric)
+        value, source = max(values), f"|{level} log-ratio| ({metric}), max over {len(values)} steps"
+    elif one_update and ev.series("seq_ratio_max"):
         highs, lows = ev.series("seq_ratio_max"), ev.series("seq_ratio_min")
         value = max(max(math.log(h) for h in highs), max((-math.log(x) for x in lows if x > 0), default=0.0))
         level, source = "sequence", "max |log sequence ratio| of one-update steps (actor/tepo/seq_ratio_max/min)"
-    elif ev.updates_per_step() == 1 and ev.series("clipfrac"):
+    elif one_update and ev.series("clipfrac"):
         share = max(ev.series("clipfrac"))
         if clip is None:
             return Finding("unknown", name, f"clipped share {share:.3g} on one-update steps; clip range unknown",
@@ -330,8 +351,10 @@ def check_noise(ev: Evidence) -> Finding:
         rollout = ev.series("rollout_probs_diff")
         context = (f"; rollout-vs-actor mean |dp| {_median(rollout):.2g} (vLLM against the actor, not this)"
                    if rollout else "")
-        return Finding("unknown", name, f"no on-policy noise metric logged and {why}: step metrics mix on- and "
-                       f"off-policy updates{context}", fix)
+        mixed = (f" ({', '.join(metric for metric, _ in logged)}: over all of a step's updates, so the off-policy "
+                 "drift of the later ones, not noise)" if logged else "")
+        return Finding("unknown", name, f"no metric of the on-policy update alone is logged and {why}: step metrics mix on- and "
+                       f"off-policy updates{mixed}{context}", fix)
     if clip is None:
         return Finding("unknown", name, f"{source} = {value:.2e}; the clip range is unknown", "pass --config")
     share = value / min(clip)
