@@ -509,6 +509,11 @@ def group_runs(results: Path, study: Study) -> dict[str, tuple[Comparison, list[
     return groups
 
 
+def in_repo(path: Path) -> str:
+    """PATH relative to the repository when it is inside it (what the committed tables record), else absolute."""
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
 def compare(results: Path, study: Study, python: str, log, plots: bool = True,
             out_root: Path | None = None) -> dict[str, tuple[Comparison, Path]]:
     """`tepo-verl compare` of each comparison's finished runs at the study's target into out_root/<comparison>
@@ -516,8 +521,8 @@ def compare(results: Path, study: Study, python: str, log, plots: bool = True,
     written = {}
     for name, (comparison, folders) in group_runs(results, study).items():
         out = (out_root or results / "compare") / name
-        argv = [python, "-m", "tepo_verl.report.compare", *map(str, folders), "--target", str(study.target),
-                "--out", str(out), *([] if plots else ["--no-plots"])]
+        argv = [python, "-m", "tepo_verl.report.compare", *map(in_repo, folders), "--target", str(study.target),
+                "--out", in_repo(out), *([] if plots else ["--no-plots"])]
         if comparison.reference:
             argv += ["--reference", comparison.reference]
         log(f"[study] tepo-verl compare ({study.name} {name}, {len(folders)} runs) -> {out}")

@@ -3,6 +3,7 @@ stand-in recipe (no training)."""
 
 from __future__ import annotations
 
+import csv
 import fcntl
 import importlib.util
 import json
@@ -240,6 +241,15 @@ def test_the_committed_results_page_is_what_the_committed_runs_give(tmp_path, na
         return [line for line in text.splitlines() if line and not line.startswith("![")]
 
     assert tables(committed) == tables(expected)
+
+
+def test_the_committed_tables_name_their_runs_inside_the_repository():
+    """compare_runs.csv names each run as the repository holds it, not where one machine had its checkout."""
+    tables = sorted((REPO / "benchmarks" / "results").glob("*/compare/*/compare_runs.csv"))
+    assert tables
+    for table in tables:
+        for row in csv.DictReader(table.open()):
+            assert not Path(row["run"]).is_absolute() and (REPO / row["run"]).is_file(), (table, row["run"])
 
 
 def test_the_lock_is_held_during_each_run_and_its_wait_recorded_apart(fake, tmp_path):
