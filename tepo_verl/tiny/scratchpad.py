@@ -120,8 +120,7 @@ class ChainSpec(ScratchSpec):
     scratchpad: str = "running_rest"
 
     def __post_init__(self):
-        if self.scratchpad not in SCRATCHPAD_STYLES:
-            raise ValueError(f"scratchpad must be one of {', '.join(SCRATCHPAD_STYLES)}, got {self.scratchpad!r}")
+        check_style(self.scratchpad, "scratchpad")
 
     def operand_counts(self) -> tuple[int, int]:
         return (self.min_operands, self.operands)
@@ -139,6 +138,11 @@ def question(ops) -> str:
     return "What is " + "+".join(str(x) for x in ops) + "?"
 
 
+def check_style(style: str, name: str = "style") -> None:
+    if style not in SCRATCHPAD_STYLES:
+        raise ValueError(f"{name} must be one of {', '.join(SCRATCHPAD_STYLES)}, got {style!r}")
+
+
 def solution(ops, style: str = "running") -> str:
     """The scratchpad, one line per operand after the first; the last number is the answer.
 
@@ -148,20 +152,19 @@ def solution(ops, style: str = "running") -> str:
     A running line ends the chain only by counting the question's operands; a rewrite or running_rest line ends it
     when its sum is one number, which the line itself shows. A running or running_rest line writes each partial
     sum right after its two operands; a rewrite line writes it first, away from them."""
+    check_style(style)
     if style == "running":
         lines, total = [], ops[0]
         for x in ops[1:]:
             lines.append(f"{total}+{x}={total + x}")
             total += x
         return "\n".join(lines)
-    if style in ("rewrite", "running_rest"):
-        lines, rest = [], list(ops)
-        while len(rest) > 1:
-            added = f"{rest[0]}+{rest[1]}=" if style == "running_rest" else ""
-            rest = [rest[0] + rest[1], *rest[2:]]
-            lines.append(added + "+".join(str(x) for x in rest))
-        return "\n".join(lines)
-    raise ValueError(f"style must be one of {', '.join(SCRATCHPAD_STYLES)}, got {style!r}")
+    lines, rest = [], list(ops)  # rewrite, running_rest
+    while len(rest) > 1:
+        added = f"{rest[0]}+{rest[1]}=" if style == "running_rest" else ""
+        rest = [rest[0] + rest[1], *rest[2:]]
+        lines.append(added + "+".join(str(x) for x in rest))
+    return "\n".join(lines)
 
 
 def answer(ops) -> str:
