@@ -25,6 +25,7 @@ from tepo_verl.report.compare import (
     bootstrap_ci,
     default_reference,
     main,
+    p_value_floor,
     paired_differences,
     per_run_table,
     sign_flip_p,
@@ -266,6 +267,13 @@ def test_sign_flip_p_matches_its_definition(differences):
     if any(differences):
         assert p == pytest.approx(slow_sign_flip_p(differences), abs=1e-9)
     assert sign_flip_p([-d for d in differences]) == pytest.approx(p)  # symmetric in the sign
+
+
+def test_the_p_value_floor_is_said_as_the_test_can_show_it():
+    assert p_value_floor(5) == "with 5 pairs the smallest possible p is 0.0625"
+    assert p_value_floor(10) == "with 10 pairs the smallest possible p is 0.001953"
+    assert p_value_floor(1) == "with 1 pair there is no test: p is nan"  # as sign_flip_p gives
+    assert math.isnan(sign_flip_p([0.3])) and sign_flip_p([0.3, 0.1]) == pytest.approx(2.0 ** (1 - 2))
 
 
 def test_sign_flip_p_samples_beyond_the_exact_limit():

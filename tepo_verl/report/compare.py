@@ -185,6 +185,13 @@ def sign_flip_p(differences, *, n_resamples: int = 10_000, seed: int = 0) -> flo
     return float(result.pvalue)
 
 
+def p_value_floor(pairs: int) -> str:
+    """What the sign-flip test can show with this many pairs: its smallest p-value is 2 / 2**pairs."""
+    if pairs < 2:
+        return f"with {pairs} pair{'' if pairs == 1 else 's'} there is no test: p is nan"
+    return f"with {pairs} pairs the smallest possible p is {2.0 ** (1 - pairs):.4g}"
+
+
 def mean_of(values) -> float:
     data = _finite(values)
     return float(data.mean()) if len(data) else math.nan
@@ -349,10 +356,9 @@ def render(summary: pd.DataFrame, per_run: pd.DataFrame, paired: pd.DataFrame, t
         runs_shown[name] = [_number(v) for v in runs_shown[name]]
     lines += ["Per run:", "", _markdown(runs_shown.astype(str), text_columns=1), ""]
     if len(paired):
-        smallest = 2.0 ** (1 - paired["pairs"].max())
         lines += [f"Paired by seed: {reference} minus baseline, mean [{CONFIDENCE:.0%} bootstrap interval], and the "
-                  f"two-sided sign-flip permutation p-value (with {paired['pairs'].max()} pairs the smallest possible "
-                  f"p is {smallest:.4g}; with few seeds the bootstrap interval is too narrow):", ""]
+                  f"two-sided sign-flip permutation p-value ({p_value_floor(int(paired['pairs'].max()))}; with few "
+                  "seeds the bootstrap interval is too narrow):", ""]
         shown_pairs = paired.assign(
             mean_difference=[_number(v) for v in paired["mean_difference"]],
             p_value=[_number(v, 3) for v in paired["p_value"]],
