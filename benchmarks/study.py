@@ -27,13 +27,15 @@ study can span sessions (commit the results folder as it fills). verl's console 
 the unfinished runs stay in runs/study/<study>/. The last thing the runner does is write the results page: for
 each study, `tepo-verl compare` on each comparison's runs at the study's target (into
 benchmarks/results/<study>/compare/<comparison>/), spliced into docs/results.md between that study's markers.
-A test checks that the committed page equals what the committed runs give.
+The chain study's section opens with the plan's calls on its primary metric and its decisions for the defaults
+(`plan_calls`, `plan_decisions`). A test checks that the committed page equals what the committed runs give.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import csv
 import dataclasses
 import fcntl
 import json
@@ -545,6 +547,112 @@ def rise_check(results: Path, study: Study) -> str | None:
             f"{study.regime['STEPS']}, {at_last - at_from:+.3f}, which {verdict} the calibration's +{RISE_MIN:.2f}.")
 
 
+#: The plan's primary metric (docs/results.md, "Pre-registered analysis plan"), as `tepo-verl compare` names it.
+PRIMARY = "val_auc"
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """One comparison of the primary metric by the plan's statistics: `reference` minus `arm`, paired by seed."""
+
+    reference: str
+    arm: str
+    differences: tuple[float, ...]  # per paired seed
+    planned: int  # the pairs the plan gives this comparison
+    mean: float
+    low: float  # the 95% bootstrap interval of the mean
+    high: float
+    p: float  # two-sided sign-flip
+
+    @property
+    def word(self) -> str:
+        """pending (fewer pairs than planned); with 10 pairs supported (p < 0.05, interval excludes 0) or null;
+        with 5, consistent (every seed the same sign, interval excludes 0) or null."""
+        if len(self.differences) < self.planned:
+            return "pending"
+        excludes_zero = self.low > 0 or self.high < 0
+        if self.planned >= 10:
+            return "supported" if self.p < 0.05 and excludes_zero else "null"
+        same_sign = all(d > 0 for d in self.differences) or all(d < 0 for d in self.differences)
+        return "consistent" if same_sign and excludes_zero else "null"
+
+    @property
+    def favours_arm(self) -> bool:
+        """A supported or consistent difference in the arm's favour (its primary metric the higher)."""
+        return self.word in ("supported", "consistent") and self.mean < 0
+
+
+def plan_calls(compared: dict[str, tuple[Comparison, Path]], study: Study) -> dict[str, list[Call]]:
+    """Per comparison: the plan's call on the primary metric for each of its own arms against its reference, from
+    the comparison's compare_runs.csv (the per-seed values) and compare_paired.csv (mean, interval, p)."""
+    calls = {}
+    for name, (comparison, out) in compared.items():
+        reference = comparison.reference or "tepo"
+        values = {(row["algorithm"], row["seed"]): float(row[PRIMARY]) for row in csv.DictReader(
+            (out / "compare_runs.csv").open(encoding="utf-8")) if row[PRIMARY] and row["seed"]}
+        own = [arm.name for arm in (*study.arms, *CONTROL_TEMPLATES) if arm.group == comparison.group]
+        calls[name] = []
+        for row in csv.DictReader((out / "compare_paired.csv").open(encoding="utf-8")):
+            if row["metric"] != PRIMARY or row["baseline"] not in own:
+                continue
+            seeds = row["seeds"].split()
+            calls[name].append(Call(
+                reference, row["baseline"],
+                tuple(values[(reference, s)] - values[(row["baseline"], s)] for s in seeds),
+                len(study.seeds[comparison.group]), float(row["mean_difference"]),
+                *(float(row[k]) if row[k] else float("nan") for k in ("ci_low", "ci_high", "p_value"))))
+    return calls
+
+
+def plan_decisions(calls: dict[str, list[Call]]) -> list[str]:
+    """The plan's decision rules for the defaults, applied to its calls: one line each."""
+    def interval(call: Call) -> str:
+        return f"{call.mean:+.4f} [{call.low:+.4f}, {call.high:+.4f}], p = {call.p:.3g}"
+
+    main = {call.arm: call for call in calls.get("main", [])}
+    mask = main.get("tepo_nomask")
+    if mask is None or mask.word == "pending":
+        lines = ["- **The mask's benefit** (`tepo` against `tepo_nomask`): pending."]
+    elif mask.word == "null":
+        lines = [f"- **The mask's benefit is not established on this test bed** (`tepo` minus `tepo_nomask`: "
+                 f"{interval(mask)}); the defaults stay."]
+    else:
+        lines = [f"- **The mask's benefit** (`tepo` minus `tepo_nomask`): {mask.word}, {interval(mask)}."]
+    dose = calls.get("dose", [])
+    if len(dose) < len(DOSE_LEVELS) - 1 or any(call.word == "pending" for call in dose):
+        lines.append("- **`kl_coef`**: pending (the dose arms' seeds 1-5).")
+    else:
+        winners = sorted((call for call in dose if call.favours_arm), key=lambda call: call.mean)
+        coef = {arm: coef for coef, arm in DOSE_LEVELS.items()}
+        lines.append(f"- **`kl_coef`** changes to {coef[winners[0].arm]:g} (`tepo` minus `{winners[0].arm}`: "
+                     f"{interval(winners[0])})."
+                     if winners else "- **`kl_coef`** stays 1: no dose arm beats `tepo` on all 5 paired seeds with "
+                     "an interval that excludes 0.")
+    control = calls.get("control", [])
+    if len(control) < len(CONTROL_TEMPLATES) or any(call.word == "pending" for call in control):
+        lines.append("- **The mask's selection**: pending (the controls' seeds 1-5).")
+    else:
+        winners = [call.arm for call in control if call.favours_arm]
+        lines.append("- **The mask's selection** stays: no control beats the dose arm at its coefficient on all 5 "
+                     "paired seeds with an interval that excludes 0." if not winners else
+                     f"- **The mask's selection**: changes to `{winners[0]}`'s." if len(winners) == 1 else
+                     f"- **The mask's selection**: {', '.join(winners)} each qualify; the plan names no rule "
+                     "between them, so the default stays until one is chosen on other evidence.")
+    return lines
+
+
+def calls_section(calls: dict[str, list[Call]]) -> list[str]:
+    """The page's table of the plan's calls on the primary metric, then its decisions for the defaults."""
+    lines = [f"**The plan's calls** on the primary metric ({PRIMARY}, reference minus arm, paired by seed; pending "
+             "until a comparison has its planned pairs):", "",
+             "| reference | arm | pairs | mean difference | 95% interval | p | call |", "|---|---|---|---|---|---|---|"]
+    for call in (call for group in calls.values() for call in group):
+        shown = "nan" if call.low != call.low else f"[{call.low:+.4f}, {call.high:+.4f}]"
+        lines.append(f"| {call.reference} | {call.arm} | {len(call.differences)} of {call.planned} | "
+                     f"{call.mean:+.4f} | {shown} | {call.p:.3g} | {call.word} |")
+    return [*lines, "", "**The plan's decisions** for the defaults:", "", *plan_decisions(calls), ""]
+
+
 def page_section(compared: dict[str, tuple[Comparison, Path]], page: Path, study: Study, results: Path) -> str:
     """The generated part of the results page for `study`: the chain test bed's check (from `results`), then each
     comparison's compare.md and links to its plots."""
@@ -552,6 +660,8 @@ def page_section(compared: dict[str, tuple[Comparison, Path]], page: Path, study
     check = rise_check(results, study) if study is CHAIN else None
     if check:
         lines += [check, ""]
+    if study is CHAIN and compared:
+        lines += calls_section(plan_calls(compared, study))
     for name, (comparison, out) in compared.items():
         lines += [f"#### {comparison.title}", ""]
         lines += [(out / "compare.md").read_text(encoding="utf-8").rstrip(), ""]

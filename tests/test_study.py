@@ -384,3 +384,65 @@ def test_git_state_names_the_commit_and_the_changed_tracked_files(tmp_path):
     (tmp_path / "bench" / "a.py").write_text("y\n")
     (tmp_path / "new.py").write_text("untracked\n")
     assert study.git_state(tmp_path) == {"commit": head, "changed_tracked_files": ["bench/a.py"]}
+
+
+def _call(differences, low, high, p, planned=5, arm="tepo-kl10", reference="tepo") -> "study.Call":
+    return study.Call(reference, arm, tuple(differences), planned, sum(differences) / len(differences), low, high, p)
+
+
+@pytest.mark.parametrize("differences, low, high, p, planned, word", [
+    ([0.01] * 10, 0.005, 0.015, 0.002, 10, "supported"),
+    ([0.01] * 9 + [-0.01], 0.001, 0.012, 0.021, 10, "supported"),  # one seed against: still p < 0.05
+    ([0.01] * 9 + [-0.01], -0.001, 0.012, 0.021, 10, "null"),  # the interval includes 0
+    ([0.01] * 5 + [-0.01] * 5, -0.01, 0.01, 1.0, 10, "null"),
+    ([-0.02] * 5, -0.03, -0.01, 0.0625, 5, "consistent"),
+    ([-0.02] * 4 + [0.001], -0.03, -0.001, 0.125, 5, "null"),  # one seed of the other sign
+    ([0.0] + [0.02] * 4, 0.004, 0.02, 0.125, 5, "null"),  # a tie is not the same sign
+    ([0.02] * 4, 0.01, 0.03, 0.125, 5, "pending"),  # fewer pairs than planned
+    ([0.02] * 9, 0.01, 0.03, 0.004, 10, "pending"),
+])
+def test_the_plans_call_on_one_comparison(differences, low, high, p, planned, word):
+    assert _call(differences, low, high, p, planned).word == word
+
+
+def test_the_plans_decisions_follow_its_rules():
+    nomask = _call([0.01, -0.01] * 5, -0.01, 0.01, 1.0, 10, "tepo_nomask")
+    kl10 = _call([-0.02] * 5, -0.03, -0.01, 0.0625)  # kl 10 higher than tepo on every seed
+    kl100 = _call([-0.04] * 5, -0.05, -0.03, 0.0625, arm="tepo-kl100")  # higher still
+    worse = _call([0.04] * 5, 0.03, 0.05, 0.0625, arm="tepo-kl100")  # consistent, but in tepo's favour
+    decided = study.plan_decisions({"main": [nomask], "dose": [kl10, kl100]})
+    assert decided[0].startswith("- **The mask's benefit is not established on this test bed** (`tepo` minus "
+                                 "`tepo_nomask`: +0.0000 [-0.0100, +0.0100], p = 1)")
+    assert decided[1].startswith("- **`kl_coef`** changes to 100 ")  # both qualify: the larger difference
+    assert study.plan_decisions({"dose": [kl10, worse]})[1].startswith("- **`kl_coef`** changes to 10 ")
+    assert study.plan_decisions({"dose": [worse, _call([-0.02] * 4 + [0.01], -0.03, 0.0, 0.19)]})[1] == (
+        "- **`kl_coef`** stays 1: no dose arm beats `tepo` on all 5 paired seeds with an interval that excludes 0.")
+    assert "pending" in study.plan_decisions({"dose": [kl10, _call([-0.02] * 4, -0.03, -0.01, 0.125)]})[1]
+    assert "pending" in study.plan_decisions({"dose": [kl10]})[1]  # the other dose arm has no run yet
+    controls = [_call([-0.02] * 5, -0.03, -0.01, 0.0625, arm="ctl-top20", reference="tepo-kl10"),
+                *(_call([0.02] * 5, 0.01, 0.03, 0.0625, arm=arm, reference="tepo-kl10")
+                  for arm in ("ctl-positive", "ctl-every"))]
+    assert study.plan_decisions({"control": controls})[2] == "- **The mask's selection**: changes to `ctl-top20`'s."
+    assert "pending" in study.plan_decisions({"control": controls[:2]})[2]
+    assert "pending" in study.plan_decisions({})[0]
+
+
+def test_the_plans_calls_are_read_from_the_comparisons_runs(tmp_path):
+    """Through the real `tepo-verl compare`: per-seed differences of the primary metric, its call, and the page."""
+    steps = 3
+    for seed in study.DOSE_SEEDS:
+        _finished_run(tmp_path, f"tepo-seed{seed}", [0.3] * (steps + 1), steps)
+        _finished_run(tmp_path, f"tepo_nomask-seed{seed}", [0.3 - 0.001 * seed] * (steps + 1), steps)
+        _finished_run(tmp_path, f"tepo-kl10-seed{seed}", [0.35 + 0.01 * seed] * (steps + 1), steps)  # higher
+    compared = study.compare(tmp_path, CHAIN, sys.executable, log=lambda *_: None, plots=False)
+    calls = study.plan_calls(compared, CHAIN)
+    (kl10,) = calls["dose"]  # tepo_nomask sits beside the dose arms, and is called in the main comparison only
+    assert kl10.arm == "tepo-kl10" and kl10.planned == 5 and kl10.word == "consistent"
+    assert kl10.differences == pytest.approx([-0.05 - 0.01 * seed for seed in study.DOSE_SEEDS])
+    assert kl10.p == pytest.approx(0.0625) and kl10.high < 0
+    (nomask,) = calls["main"]
+    assert nomask.differences == pytest.approx([0.001 * seed for seed in study.DOSE_SEEDS])
+    assert nomask.planned == 10 and nomask.word == "pending"
+    section = "\n".join(study.calls_section(calls))
+    assert "| tepo | tepo-kl10 | 5 of 5 | -0.0800 |" in section and "| consistent |" in section
+    assert "- **`kl_coef`**: pending (the dose arms' seeds 1-5)." in section  # tepo-kl100 has no run
