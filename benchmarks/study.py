@@ -39,6 +39,7 @@ import csv
 import dataclasses
 import fcntl
 import json
+import math
 import os
 import shlex
 import shutil
@@ -585,11 +586,13 @@ class Call:
 def plan_calls(compared: dict[str, tuple[Comparison, Path]], study: Study) -> dict[str, list[Call]]:
     """Per comparison: the plan's call on the primary metric for each of its own arms against its reference, from
     the comparison's compare_runs.csv (the per-seed values) and compare_paired.csv (mean, interval, p)."""
+    from tepo_verl.report.compare import default_reference
+
     calls = {}
     for name, (comparison, out) in compared.items():
-        reference = comparison.reference or "tepo"
-        values = {(row["algorithm"], row["seed"]): float(row[PRIMARY]) for row in csv.DictReader(
-            (out / "compare_runs.csv").open(encoding="utf-8")) if row[PRIMARY] and row["seed"]}
+        runs = list(csv.DictReader((out / "compare_runs.csv").open(encoding="utf-8")))
+        reference = comparison.reference or default_reference(row["algorithm"] for row in runs)  # as compare chose
+        values = {(row["algorithm"], row["seed"]): float(row[PRIMARY]) for row in runs if row[PRIMARY] and row["seed"]}
         own = [arm.name for arm in (*study.arms, *CONTROL_TEMPLATES) if arm.group == comparison.group]
         calls[name] = []
         for row in csv.DictReader((out / "compare_paired.csv").open(encoding="utf-8")):
@@ -633,11 +636,14 @@ def plan_decisions(calls: dict[str, list[Call]]) -> list[str]:
         lines.append("- **The mask's selection**: pending (the controls' seeds 1-5).")
     else:
         winners = [call.arm for call in control if call.favours_arm]
-        lines.append("- **The mask's selection** stays: no control beats the dose arm at its coefficient on all 5 "
-                     "paired seeds with an interval that excludes 0." if not winners else
-                     f"- **The mask's selection**: changes to `{winners[0]}`'s." if len(winners) == 1 else
-                     f"- **The mask's selection**: {', '.join(winners)} each qualify; the plan names no rule "
-                     "between them, so the default stays until one is chosen on other evidence.")
+        if not winners:
+            lines.append("- **The mask's selection** stays: no control beats the dose arm at its coefficient on all "
+                         "5 paired seeds with an interval that excludes 0.")
+        elif len(winners) == 1:
+            lines.append(f"- **The mask's selection**: changes to `{winners[0]}`'s.")
+        else:
+            lines.append(f"- **The mask's selection**: {', '.join(winners)} each qualify; the plan names no rule "
+                         "between them, so the default stays until one is chosen on other evidence.")
     return lines
 
 
@@ -647,7 +653,7 @@ def calls_section(calls: dict[str, list[Call]]) -> list[str]:
              "until a comparison has its planned pairs):", "",
              "| reference | arm | pairs | mean difference | 95% interval | p | call |", "|---|---|---|---|---|---|---|"]
     for call in (call for group in calls.values() for call in group):
-        shown = "nan" if call.low != call.low else f"[{call.low:+.4f}, {call.high:+.4f}]"
+        shown = "nan" if math.isnan(call.low) else f"[{call.low:+.4f}, {call.high:+.4f}]"
         lines.append(f"| {call.reference} | {call.arm} | {len(call.differences)} of {call.planned} | "
                      f"{call.mean:+.4f} | {shown} | {call.p:.3g} | {call.word} |")
     return [*lines, "", "**The plan's decisions** for the defaults:", "", *plan_decisions(calls), ""]
