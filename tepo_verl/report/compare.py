@@ -192,6 +192,11 @@ def p_value_floor(pairs: int) -> str:
     return f"with {pairs} pairs the smallest possible p is {2.0 ** (1 - pairs):.4g}"
 
 
+def p_value_floors(pair_counts) -> str:
+    """p_value_floor for each distinct pair count of a table, fewest pairs first: rows can differ in pairs."""
+    return ", ".join(p_value_floor(pairs) for pairs in sorted({int(n) for n in pair_counts}))
+
+
 def mean_of(values) -> float:
     data = _finite(values)
     return float(data.mean()) if len(data) else math.nan
@@ -357,7 +362,7 @@ def render(summary: pd.DataFrame, per_run: pd.DataFrame, paired: pd.DataFrame, t
     lines += ["Per run:", "", _markdown(runs_shown.astype(str), text_columns=1), ""]
     if len(paired):
         lines += [f"Paired by seed: {reference} minus baseline, mean [{CONFIDENCE:.0%} bootstrap interval], and the "
-                  f"two-sided sign-flip permutation p-value ({p_value_floor(int(paired['pairs'].max()))}; with few "
+                  f"two-sided sign-flip permutation p-value ({p_value_floors(paired['pairs'])}; with few "
                   "seeds the bootstrap interval is too narrow):", ""]
         shown_pairs = paired.assign(
             mean_difference=[_number(v) for v in paired["mean_difference"]],
