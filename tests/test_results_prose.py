@@ -1,8 +1,9 @@
-"""The hand-written tables of docs/results.md agree with the generated comparison CSVs they quote.
+"""The hand-written tables of docs/results.md and docs/algorithm.md agree with the generated comparison CSVs they quote.
 
 The generated part of the page (between a study's markers) is checked by tests/test_study.py. The prose above it
 quotes those numbers in tables of its own: the first study's headline (steps to target, paired differences, per-seed
-differences, p), its ablation screen and its float32 pair. Each cell is parsed from the page and compared with the
+differences, p), its ablation screen and its float32 pair; docs/algorithm.md quotes the float32 study's dose arms,
+the evidence for its `kl_coef` default. Each cell is parsed from the page and compared with the
 CSV value it quotes, to the precision the cell shows (a cell "0.742" matches 0.7421875, not 0.7431).
 """
 
@@ -16,7 +17,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "results.md"
+ALGORITHM = REPO / "docs" / "algorithm.md"
 COMPARE = REPO / "benchmarks" / "results" / "cpu-scratchpad" / "compare"
+CHAIN_COMPARE = REPO / "benchmarks" / "results" / "cpu-chain" / "compare"
 NUMBER = re.compile(r"[+-]?\d+(?:\.\d+)?(?:e[+-]?\d+)?")
 
 
@@ -30,9 +33,9 @@ def numbers(cell: str) -> list[str]:
     return NUMBER.findall(cell.replace("−", "-"))
 
 
-def table_after(heading: str) -> list[list[str]]:
+def table_after(heading: str, page: Path = PAGE) -> list[list[str]]:
     """The rows (cells stripped) of the first Markdown table after the line that starts with `heading`."""
-    lines = PAGE.read_text(encoding="utf-8").splitlines()
+    lines = page.read_text(encoding="utf-8").splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith(heading))
     first = next(i for i in range(start, len(lines)) if lines[i].startswith("|"))
     rows = []
@@ -130,6 +133,24 @@ def test_the_first_studys_float32_per_seed_line():
     assert_cell(found.group(1), *tepo)
     assert_cell(found.group(2), *gspo)
     assert_cell(found.group(3), *[a - b for a, b in zip(tepo, gspo)])
+
+
+def test_the_kl_coef_default_quotes_the_float32_dose_arms():
+    paired = pd.read_csv(CHAIN_COMPARE / "dose" / "compare_paired.csv").set_index(["baseline", "metric"])
+    rows = table_after("### What the float32 study says about `kl_coef`", ALGORITHM)
+    assert [row[0].strip("`") for row in rows] == ["tepo-kl10", "tepo-kl100"]
+    for arm, mean, interval, p, call in rows:
+        d = paired.loc[(arm.strip("`"), "val_auc")]
+        assert d.pairs == 5, arm  # the plan's 5 seeds: the decision is final
+        assert_cell(mean, d.mean_difference)
+        assert_cell(interval, d.ci_low, d.ci_high)
+        assert_cell(p, d.p_value)
+        every_seed_agrees = d.p_value == pytest.approx(2.0 ** (1 - d.pairs))
+        excludes_zero = d.ci_low > 0 or d.ci_high < 0
+        assert call.startswith("consistent" if every_seed_agrees and excludes_zero else "null"), (arm, call)
+        assert not (d.mean_difference < 0 and every_seed_agrees and excludes_zero), "a dose arm beat tepo"
+    text = ALGORITHM.read_text(encoding="utf-8")
+    assert "**`kl_coef` stays 1**" in text and "| `kl_coef` | `1.0` |" in text  # the rule's outcome, as configured
 
 
 @pytest.mark.parametrize("cell, values, ok", [("10 [7, 13]", (10, 7, 13), True), ("10 [7, 13]", (10, 7, 14), False),
