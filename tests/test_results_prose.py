@@ -3,8 +3,8 @@
 The generated part of the page (between a study's markers) is checked by tests/test_study.py. The prose above it
 quotes those numbers in tables of its own: the first study's headline (steps to target, paired differences, per-seed
 differences, p), its ablation screen and its float32 pair; docs/algorithm.md quotes the float32 study's dose arms,
-the evidence for its `kl_coef` default. Each cell is parsed from the page and compared with the
-CSV value it quotes, to the precision the cell shows (a cell "0.742" matches 0.7421875, not 0.7431).
+the evidence for its `kl_coef` default, and its controls, the evidence for the mask's selection. Each cell is
+parsed from the page and compared with the CSV value it quotes, to the precision the cell shows (a cell "0.742" matches 0.7421875, not 0.7431).
 """
 
 from __future__ import annotations
@@ -135,22 +135,53 @@ def test_the_first_studys_float32_per_seed_line():
     assert_cell(found.group(3), *[a - b for a, b in zip(tepo, gspo)])
 
 
+def assert_plan_call(cells: list[str], d: pd.Series) -> None:
+    """A row quoting one final 5-seed comparison of the float32 study: its numbers, and the call the plan's rule gives.
+
+    The rule changes a default only for an arm that beats `tepo` on every paired seed with an interval that
+    excludes 0, so a row whose arm did is a failure here: the docs would be keeping a default the rule replaces.
+    """
+    mean, interval, p, call = cells
+    assert d.pairs == 5  # the plan's 5 seeds: the decision is final
+    assert_cell(mean, d.mean_difference)
+    assert_cell(interval, d.ci_low, d.ci_high)
+    assert_cell(p, d.p_value)
+    every_seed_agrees = d.p_value == pytest.approx(2.0 ** (1 - d.pairs))
+    excludes_zero = d.ci_low > 0 or d.ci_high < 0
+    assert call.startswith("consistent" if every_seed_agrees and excludes_zero else "null"), call
+    assert not (d.mean_difference < 0 and every_seed_agrees and excludes_zero), "an arm beat tepo: the default changes"
+
+
 def test_the_kl_coef_default_quotes_the_float32_dose_arms():
     paired = pd.read_csv(CHAIN_COMPARE / "dose" / "compare_paired.csv").set_index(["baseline", "metric"])
     rows = table_after("### What the float32 study says about `kl_coef`", ALGORITHM)
     assert [row[0].strip("`") for row in rows] == ["tepo-kl10", "tepo-kl100"]
-    for arm, mean, interval, p, call in rows:
-        d = paired.loc[(arm.strip("`"), "val_auc")]
-        assert d.pairs == 5, arm  # the plan's 5 seeds: the decision is final
-        assert_cell(mean, d.mean_difference)
-        assert_cell(interval, d.ci_low, d.ci_high)
-        assert_cell(p, d.p_value)
-        every_seed_agrees = d.p_value == pytest.approx(2.0 ** (1 - d.pairs))
-        excludes_zero = d.ci_low > 0 or d.ci_high < 0
-        assert call.startswith("consistent" if every_seed_agrees and excludes_zero else "null"), (arm, call)
-        assert not (d.mean_difference < 0 and every_seed_agrees and excludes_zero), "a dose arm beat tepo"
+    for arm, *cells in rows:
+        assert_plan_call(cells, paired.loc[(arm.strip("`"), "val_auc")])
     text = ALGORITHM.read_text(encoding="utf-8")
     assert "**`kl_coef` stays 1**" in text and "| `kl_coef` | `1.0` |" in text  # the rule's outcome, as configured
+
+
+def test_the_mask_selection_default_quotes_the_float32_controls():
+    paired = pd.read_csv(CHAIN_COMPARE / "control" / "compare_paired.csv").set_index(["baseline", "metric"])
+    arms = pd.read_csv(CHAIN_COMPARE / "control" / "compare.csv").set_index("algorithm")
+    rows = table_after("### What the float32 study says about the mask's selection", ALGORITHM)
+    assert [row[0].split()[0].strip("`") for row in rows] == ["ctl-positive", "ctl-top20", "ctl-every"]
+    for control, *cells, share, strength in rows:
+        arm = control.split()[0].strip("`")
+        assert_plan_call(cells, paired.loc[(arm, "val_auc")])
+        assert arms.loc[arm, "seeds"] == 5
+        assert_cell(share, arms.loc[arm, "mask_share_positive"])
+        assert_cell(strength, arms.loc[arm, "penalty_strength"])
+    text = ALGORITHM.read_text(encoding="utf-8")
+    # the prose's claims: top-20's penalty is several times tepo's; every-token kept the entropy up, few reached
+    assert arms.loc["ctl-top20", "penalty_strength"] > 3 * arms.loc["tepo", "penalty_strength"]
+    assert f"({arms.loc['ctl-every', 'entropy_end']:.3f} nats per token at step 80)" in text
+    assert arms.loc["ctl-every", "entropy_end_ci_low"] > arms.loc["tepo", "entropy_end_ci_high"]
+    assert f"{arms.loc['ctl-every', 'reached']} of 5 seeds reached" in text
+    # the rule's outcome, as configured
+    assert "**the selection stays\n`surprisal_old` on positive-advantage tokens" in text
+    assert "| `mask_rule` | `surprisal_old` |" in text and "| `mask_top_frac` | `1.0` |" in text
 
 
 @pytest.mark.parametrize("cell, values, ok", [("10 [7, 13]", (10, 7, 13), True), ("10 [7, 13]", (10, 7, 14), False),
