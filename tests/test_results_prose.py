@@ -159,6 +159,14 @@ def test_the_kl_coef_default_quotes_the_float32_dose_arms():
     for arm, *cells in rows:
         assert_plan_call(cells, paired.loc[(arm.strip("`"), "val_auc")])
     text = ALGORITHM.read_text(encoding="utf-8")
+    # the prose's claims on kl 100, against tepo on the same seeds 1-5 (tepo has more seeds than the dose arms)
+    runs = pd.read_csv(CHAIN_COMPARE / "dose" / "compare_runs.csv")
+    kl100 = runs[runs.algorithm == "tepo-kl100"]
+    tepo = runs[(runs.algorithm == "tepo") & runs.seed.isin(kl100.seed)]
+    assert len(kl100) == len(tepo) == 5
+    assert (f"({kl100.entropy_end.mean():.3f} nats per token at step 80\nagainst `tepo`'s "
+            f"{tepo.entropy_end.mean():.3f})") in text
+    assert f"{kl100.reached.sum()} of 5 seeds reached the target accuracy, against {tepo.reached.sum()} of 5" in text
     assert "**`kl_coef` stays 1**" in text and "| `kl_coef` | `1.0` |" in text  # the rule's outcome, as configured
 
 
