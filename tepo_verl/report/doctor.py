@@ -33,6 +33,7 @@ from typing import Callable
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from tepo_verl.core.options import TepoOptions
 from tepo_verl.report.runs import CLIP_FRAC, ENTROPY, MASK_FRAC, VERL_ENTROPY, RunError
 from tepo_verl.verl_adapter.precision import FLOAT32_OVERRIDES, ratio_resolution
 
@@ -67,6 +68,7 @@ METRICS: dict[str, tuple[str, ...]] = {
 NOISE_LEVELS = (("noise_sequence", "sequence"), ("noise_token", "token"))
 ON_POLICY_ONLY = "/onpolicy_"  # in a metric's name: logged for the step's on-policy update alone
 MASK_RULE_PREFIX = "actor/tepo/mask_rule/"
+KL_COEF = "actor_rollout_ref.actor.policy_loss.tepo.kl_coef"
 PRECISION_WARNING = re.compile(r"\[tepo-verl\] WARNING: the actor's log-probs arrive in torch\.(\w+)")
 
 #: Thresholds of the judgements (fractions unless said otherwise).
@@ -119,6 +121,14 @@ class Evidence:
         if self.config is None:
             return None
         return OmegaConf.select(self.config, key, default=None, throw_on_resolution_failure=False)
+
+    def mask_rule(self) -> str | None:
+        """The TEPO mask rule: the configured one, else the only one logged (actor/tepo/mask_rule/<name>)."""
+        configured = self.setting("actor_rollout_ref.actor.policy_loss.tepo.mask_rule")
+        if configured:
+            return str(configured)
+        logged = {k[len(MASK_RULE_PREFIX):] for m in self.metrics.values() for k in m if k.startswith(MASK_RULE_PREFIX)}
+        return logged.pop() if len(logged) == 1 else None
 
     @property
     def is_tepo(self) -> bool:
@@ -386,14 +396,26 @@ def _tepo_values(ev: Evidence, name: str, role: str, what: str) -> list[float] |
     return values
 
 
+#: The mask rules that select nearly every positive-advantage token by their own test, and why.
+BROAD_BY_RULE = {"surprisal": "by design (-log p_max <= H)", "surprisal_old": "by design (-log p_max <= H)",
+                 "always": "by definition"}
+
+
 def check_mask(ev: Evidence) -> Finding:
+    """A mask over nearly every positive-advantage token is a note for the rules that do that by their test (the
+    float32 study's narrower controls did no differently: docs/algorithm.md), a warning for the others."""
     name = "TEPO mask"
     shares = _tepo_values(ev, name, "mask_frac_positive", "the mask's share of positive-advantage tokens")
     if isinstance(shares, Finding):
         return shares
     share = _median(shares)
-    return _band(name, f"selects a median {share:.3g} of positive-advantage tokens (range {min(shares):.3g}-"
-                 f"{max(shares):.3g})", share, MASK_POSITIVE_LOW, MASK_POSITIVE_HIGH,
+    text = f"selects a median {share:.3g} of positive-advantage tokens (range {min(shares):.3g}-{max(shares):.3g})"
+    rule = ev.mask_rule()
+    if share > MASK_POSITIVE_HIGH and rule in BROAD_BY_RULE:
+        return Finding("note", name, f"{text}: mask_rule={rule} selects nearly every positive token "
+                       f"{BROAD_BY_RULE[rule]}, and in the float32 study no narrower selection did differently "
+                       "(docs/algorithm.md#what-the-float32-study-says-about-the-masks-selection)")
+    return _band(name, text, share, MASK_POSITIVE_LOW, MASK_POSITIVE_HIGH,
                  ("the penalty almost never acts, TEPO is its policy term alone",
                   "check mask_rule and the old entropy (mask_rule=surprisal_old reads the stored one)"),
                  ("nearly every positive token is penalised",
@@ -401,16 +423,24 @@ def check_mask(ev: Evidence) -> Finding:
 
 
 def check_penalty(ev: Evidence) -> Finding:
+    """A weak penalty is a note at or above the default kl_coef (the float32 study's dose arms found no better one:
+    docs/algorithm.md), a warning below it."""
     name = "TEPO penalty strength"
     ratios = _tepo_values(ev, name, "penalty_grad_ratio", "the penalty's gradient against the policy term's")
     if isinstance(ratios, Finding):
         return ratios
     ratio = _median(ratios)
-    return _band(name, f"penalty/policy-term mean |grad| on masked tokens: median {ratio:.3g}", ratio,
-                 PENALTY_WEAK, PENALTY_STRONG,
-                 ("the penalty barely moves the update", "raise actor_rollout_ref.actor.policy_loss.tepo.kl_coef"),
-                 ("the penalty outweighs the policy term where it acts",
-                  "lower actor_rollout_ref.actor.policy_loss.tepo.kl_coef"))
+    text = f"penalty/policy-term mean |grad| on masked tokens: median {ratio:.3g}"
+    kl_coef, default = ev.setting(KL_COEF), TepoOptions().kl_coef
+    lowered = isinstance(kl_coef, int | float) and kl_coef < default
+    if ratio < PENALTY_WEAK and not lowered:
+        return Finding("note", name, f"{text}: weak, as at the default kl_coef {default:g}; in the float32 study "
+                       "10 changed nothing and 100 held learning back "
+                       "(docs/algorithm.md#what-the-float32-study-says-about-kl_coef)")
+    return _band(name, text, ratio, PENALTY_WEAK, PENALTY_STRONG,
+                 ("the penalty barely moves the update", f"raise {KL_COEF} (now {kl_coef:g}) toward the default "
+                  f"{default:g}" if lowered else f"raise {KL_COEF}"),
+                 ("the penalty outweighs the policy term where it acts", f"lower {KL_COEF}"))
 
 
 def check_clip_binding(ev: Evidence) -> Finding:
