@@ -69,6 +69,7 @@ NOISE_LEVELS = (("noise_sequence", "sequence"), ("noise_token", "token"))
 ON_POLICY_ONLY = "/onpolicy_"  # in a metric's name: logged for the step's on-policy update alone
 MASK_RULE_PREFIX = "actor/tepo/mask_rule/"
 KL_COEF = "actor_rollout_ref.actor.policy_loss.tepo.kl_coef"
+MASK_RULE = "actor_rollout_ref.actor.policy_loss.tepo.mask_rule"
 PRECISION_WARNING = re.compile(r"\[tepo-verl\] WARNING: the actor's log-probs arrive in torch\.(\w+)")
 
 #: Thresholds of the judgements (fractions unless said otherwise).
@@ -122,13 +123,18 @@ class Evidence:
             return None
         return OmegaConf.select(self.config, key, default=None, throw_on_resolution_failure=False)
 
+    def logged_mask_rules(self) -> list[str]:
+        """The TEPO mask rules that ran, sorted (actor/tepo/mask_rule/<name>)."""
+        return sorted({k[len(MASK_RULE_PREFIX):] for m in self.metrics.values() for k in m
+                       if k.startswith(MASK_RULE_PREFIX)})
+
     def mask_rule(self) -> str | None:
-        """The TEPO mask rule: the configured one, else the only one logged (actor/tepo/mask_rule/<name>)."""
-        configured = self.setting("actor_rollout_ref.actor.policy_loss.tepo.mask_rule")
+        """The TEPO mask rule: the configured one, else the only one logged."""
+        configured = self.setting(MASK_RULE)
         if configured:
             return str(configured)
-        logged = {k[len(MASK_RULE_PREFIX):] for m in self.metrics.values() for k in m if k.startswith(MASK_RULE_PREFIX)}
-        return logged.pop() if len(logged) == 1 else None
+        logged = self.logged_mask_rules()
+        return logged[0] if len(logged) == 1 else None
 
     @property
     def is_tepo(self) -> bool:
@@ -438,8 +444,8 @@ def check_penalty(ev: Evidence) -> Finding:
                        "10 changed nothing and 100 held learning back "
                        "(docs/algorithm.md#what-the-float32-study-says-about-kl_coef)")
     return _band(name, text, ratio, PENALTY_WEAK, PENALTY_STRONG,
-                 ("the penalty barely moves the update", f"raise {KL_COEF} (now {kl_coef:g}) toward the default "
-                  f"{default:g}" if lowered else f"raise {KL_COEF}"),
+                 ("the penalty barely moves the update", f"raise {KL_COEF} (now {kl_coef}) toward the default "
+                  f"{default:g}"),
                  ("the penalty outweighs the policy term where it acts", f"lower {KL_COEF}"))
 
 
@@ -522,10 +528,9 @@ def check_mask_rule(ev: Evidence) -> Finding:
     name = "mask rule"
     if not ev.is_tepo:
         return Finding("n/a", name, "not a TEPO run")
-    rules = sorted({k[len(MASK_RULE_PREFIX):] for m in ev.metrics.values() for k in m
-                    if k.startswith(MASK_RULE_PREFIX)})
+    rules = ev.logged_mask_rules()
     fallback = ev.series("mask_fallback")
-    configured = ev.setting("actor_rollout_ref.actor.policy_loss.tepo.mask_rule")
+    configured = ev.setting(MASK_RULE)
     if not rules:
         return Finding("unknown", name, "no actor/tepo/mask_rule/<name> metric logged")
     fell_back = sum(1 for f in fallback if f > 0)
@@ -536,7 +541,7 @@ def check_mask_rule(ev: Evidence) -> Finding:
                        "entropy), or set mask_rule to one whose inputs exist")
     if configured and rules != [configured]:
         return Finding("warn", name, f"configured {configured}, ran {', '.join(rules)}",
-                       "check actor_rollout_ref.actor.policy_loss.tepo.mask_rule")
+                       f"check {MASK_RULE}")
     return Finding("ok", name, f"ran {', '.join(rules)} on every step, no fallback")
 
 
