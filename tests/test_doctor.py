@@ -253,6 +253,14 @@ def test_a_broad_mask_warns_only_for_a_rule_that_should_be_narrow(rule, expected
     assert cli_main(["doctor", str(run), "--strict"]) == (1 if expected == "warn" else 0)
 
 
+def test_a_tepo_nomask_run_gets_na_on_the_mask_and_penalty_lines(capsys):
+    """With mask_rule=off (the tepo_nomask preset) there is no mask to judge: neither 'almost never acts' nor 'weak'."""
+    code, lines = run_doctor(capsys, RUNS.parent / "cpu-chain" / "tepo_nomask-seed1")
+    for check in ("TEPO mask", "TEPO penalty strength"):
+        assert status(lines[check]) == "n/a" and "mask_rule=off" in lines[check], lines[check]
+    assert status(lines["mask rule"]) == "ok" and code == 0
+
+
 def test_a_gspo_run_gets_na_on_tepos_lines_and_a_cfg_job_dump_is_read(tmp_path, capsys):
     records = [{"step": r["step"], "data": {k: v for k, v in r["data"].items() if not k.startswith("actor/tepo/")}}
                for r in gpu_like_metrics(1e-6)]

@@ -395,6 +395,8 @@ def _tepo_values(ev: Evidence, name: str, role: str, what: str) -> list[float] |
     """A TEPO-only role's values, or the n/a / unknown finding when there are none to judge."""
     if not ev.is_tepo:
         return Finding("n/a", name, "not a TEPO run")
+    if ev.mask_rule() == "off":
+        return Finding("n/a", name, "mask_rule=off: the mask and its penalty are off (tepo_nomask)")
     values = ev.series(role)
     if not values:
         return Finding("unknown", name, f"{METRICS[role][0]} not logged",
