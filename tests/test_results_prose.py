@@ -135,21 +135,46 @@ def test_the_first_studys_float32_per_seed_line():
     assert_cell(found.group(3), *[a - b for a, b in zip(tepo, gspo)])
 
 
+def plans_call(d: pd.Series) -> str:
+    """The plan's call on one comparison, from its rule: with 10 pairs "supported" when p < 0.05 and the interval
+    excludes 0; with 5, "consistent" when every seed has the same sign (p at its floor, 2 / 2^5) and the interval
+    excludes 0; otherwise "null"."""
+    excludes_zero = d.ci_low > 0 or d.ci_high < 0
+    if d.pairs == 10:
+        return "supported" if d.p_value < 0.05 and excludes_zero else "null"
+    assert d.pairs == 5, d.pairs  # the plan's two sizes: any other count is an unfinished comparison
+    every_seed_agrees = d.p_value == pytest.approx(2.0 ** (1 - d.pairs))
+    return "consistent" if every_seed_agrees and excludes_zero else "null"
+
+
+def assert_quoted_call(cells: list[str], d: pd.Series) -> str:
+    """A row quoting one final comparison of the float32 study: its numbers, and the call the plan's rule gives."""
+    mean, interval, p, call = cells
+    assert_cell(mean, d.mean_difference)
+    assert_cell(interval, d.ci_low, d.ci_high)
+    assert_cell(p, d.p_value)
+    assert call.startswith(plans_call(d)), (call, plans_call(d))
+    return plans_call(d)
+
+
 def assert_plan_call(cells: list[str], d: pd.Series) -> None:
-    """A row quoting one final 5-seed comparison of the float32 study: its numbers, and the call the plan's rule gives.
+    """A row quoting one final 5-seed comparison behind a default.
 
     The rule changes a default only for an arm that beats `tepo` on every paired seed with an interval that
     excludes 0, so a row whose arm did is a failure here: the docs would be keeping a default the rule replaces.
     """
-    mean, interval, p, call = cells
     assert d.pairs == 5  # the plan's 5 seeds: the decision is final
-    assert_cell(mean, d.mean_difference)
-    assert_cell(interval, d.ci_low, d.ci_high)
-    assert_cell(p, d.p_value)
-    every_seed_agrees = d.p_value == pytest.approx(2.0 ** (1 - d.pairs))
-    excludes_zero = d.ci_low > 0 or d.ci_high < 0
-    assert call.startswith("consistent" if every_seed_agrees and excludes_zero else "null"), call
-    assert not (d.mean_difference < 0 and every_seed_agrees and excludes_zero), "an arm beat tepo: the default changes"
+    call = assert_quoted_call(cells, d)
+    assert not (d.mean_difference < 0 and call == "consistent"), "an arm beat tepo: the default changes"
+
+
+@pytest.mark.parametrize("pairs, mean, low, high, p, call", [
+    (10, 0.01, 0.002, 0.02, 0.04, "supported"), (10, 0.01, 0.002, 0.02, 0.06, "null"),
+    (10, -0.01, -0.02, 0.001, 0.04, "null"), (5, 0.01, 0.002, 0.02, 0.0625, "consistent"),
+    (5, 0.01, 0.002, 0.02, 0.125, "null"), (5, -0.01, -0.02, -0.002, 0.0625, "consistent")])
+def test_plans_call_follows_the_plans_rule(pairs, mean, low, high, p, call):
+    d = pd.Series({"pairs": pairs, "mean_difference": mean, "ci_low": low, "ci_high": high, "p_value": p})
+    assert plans_call(d) == call
 
 
 def test_the_kl_coef_default_quotes_the_float32_dose_arms():
