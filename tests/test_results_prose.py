@@ -3,7 +3,8 @@
 The generated part of the page (between a study's markers) is checked by tests/test_study.py. The prose above it
 quotes those numbers in tables of its own: the first study's headline (steps to target, paired differences, per-seed
 differences, p), its ablation screen and its float32 pair; docs/algorithm.md quotes the float32 study's dose arms,
-the evidence for its `kl_coef` default, and its controls, the evidence for the mask's selection. Each cell is
+the evidence for its `kl_coef` default, its controls, the evidence for the mask's selection, and `tepo` against
+`tepo_nomask` over 10 seeds, the mask's benefit. Each cell is
 parsed from the page and compared with the CSV value it quotes, to the precision the cell shows (a cell "0.742" matches 0.7421875, not 0.7431).
 """
 
@@ -215,6 +216,57 @@ def test_the_mask_selection_default_quotes_the_float32_controls():
     # the rule's outcome, as configured
     assert "**the selection stays\n`surprisal_old` on positive-advantage tokens" in text
     assert "| `mask_rule` | `surprisal_old` |" in text and "| `mask_top_frac` | `1.0` |" in text
+
+
+SECONDARY_ROWS = {"final validation accuracy": "final_val_acc", "best validation accuracy": "best_val_acc",
+                  "token-mean entropy at step 80 (nats)": "entropy_end", "steps to the target accuracy": "steps_to_target"}
+
+
+def test_the_masks_benefit_quotes_tepo_against_tepo_nomask_over_10_seeds():
+    paired = pd.read_csv(CHAIN_COMPARE / "main" / "compare_paired.csv").set_index(["baseline", "metric"])
+    runs = pd.read_csv(CHAIN_COMPARE / "main" / "compare_runs.csv").set_index(["algorithm", "seed"])
+    arms = pd.read_csv(CHAIN_COMPARE / "main" / "compare.csv").set_index("algorithm")
+    heading = "### What the float32 study says about the mask's benefit"
+    rows = table_after(heading, ALGORITHM)
+    assert [row[0] for row in rows] == ["`tepo_nomask`"]
+    d = paired.loc[("tepo_nomask", "val_auc")]
+    assert d.pairs == 10  # the plan's 10 seeds: the call is final
+    call = assert_quoted_call(rows[0][1:], d)
+    text = ALGORITHM.read_text(encoding="utf-8")
+    section = text[text.index(heading):text.index("## Metrics (each step")]
+    # the call in words, as the plan asks for a null: not established, with its interval; the defaults stay
+    if call == "null":
+        assert "It is a null: **the mask's benefit is not established on this test bed.**" in section
+    else:
+        assert f"It is {call}" in section
+    positive = sum(runs.loc[("tepo", k)].val_auc > runs.loc[("tepo_nomask", k)].val_auc for k in range(1, 11))
+    assert f"`tepo`'s curve area was the higher on {positive} of 10 seeds" in section
+    share = d.ci_high / arms.loc["tepo", "val_auc"]
+    assert (f"upper end, {d.ci_high:+.4f}, is {share:.0%} of\n`tepo`'s seed-mean area "
+            f"({arms.loc['tepo', 'val_auc']:.3f})") in section
+    secondary = table_after("| metric | `tepo` minus `tepo_nomask`", ALGORITHM)
+    assert [row[0] for row in secondary] == list(SECONDARY_ROWS)
+    for label, mean, interval, p in secondary:
+        s = paired.loc[("tepo_nomask", SECONDARY_ROWS[label])]
+        assert s.pairs == 10
+        assert_cell(mean, s.mean_difference)
+        assert_cell(interval, s.ci_low, s.ci_high)
+        assert_cell(p, s.p_value)
+        assert s.p_value >= 0.05 or (s.ci_low <= 0 <= s.ci_high), label  # "show nothing either"
+    strength = arms.loc["tepo", "penalty_strength"]
+    assert f"the penalty's gradient is {strength:.1%} of the policy term's" in section
+    assert f"seed\nmean {strength:.4f})" in section
+    assert "| `mask_rule` | `surprisal_old` |" in text and "| `kl_coef` | `1.0` |" in text  # the defaults stay
+
+
+def test_the_readme_and_the_results_page_quote_the_masks_benefit():
+    d = pd.read_csv(CHAIN_COMPARE / "main" / "compare_paired.csv").set_index(["baseline", "metric"]).loc[
+        ("tepo_nomask", "val_auc")]
+    quoted = f"+{d.mean_difference:.4f} [{d.ci_low:+.4f}, {d.ci_high:+.4f}], p = {d.p_value:.3g}"
+    for page in (REPO / "README.md", PAGE):
+        text = " ".join(page.read_text(encoding="utf-8").split())  # line breaks as spaces
+        assert "`tepo` minus `tepo_nomask` on the" in text and quoted in text, page.name
+    assert plans_call(d) == "null" and "**TEPO's mask is not shown to help.**" in (REPO / "README.md").read_text()
 
 
 @pytest.mark.parametrize("cell, values, ok", [("10 [7, 13]", (10, 7, 13), True), ("10 [7, 13]", (10, 7, 14), False),
