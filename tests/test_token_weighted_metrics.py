@@ -1,10 +1,11 @@
-"""The TEPO metrics that verl logs for a mini-batch are the mini-batch's values, however verl splits it.
+"""The TEPO metrics that verl logs for a step are the step's values, however verl splits it.
 
-The mini-batch goes through verl's own code end to end: `left_right_2_no_padding`, `prepare_micro_batches`
+Each mini-batch goes through verl's own code end to end: `left_right_2_no_padding`, `prepare_micro_batches`
 (dynamic batch size, so the micro-batches differ in responses and tokens), the adapted `ppo_loss` per
-micro-batch, the engine's `postprocess_batch_func` (which collects each metric with `append_to_dict`) and the
-worker's per-mini-batch reduction `Metric.aggregate_dp` over data-parallel ranks. The expected values come from
-the float64 reference run once over the whole mini-batch.
+micro-batch, the engine's `postprocess_batch_func` (which collects each metric with `append_to_dict`), the
+worker's per-mini-batch reduction `Metric.aggregate_dp` over data-parallel ranks, its collection of the step's
+mini-batches (`append_to_dict`) and the driver's `reduce_metrics`. The expected values come from the float64
+reference run once over all the step's responses.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from engine_batch import mini_batch, model_output
 from tepo_reference import reference_tepo
 from verl.utils import tensordict_utils as tu
 from verl.utils.metric import Metric, reduce_metrics
+from verl.utils.py_functional import append_to_dict
 from verl.workers.engine.utils import postprocess_batch_func, prepare_micro_batches
 from verl.workers.utils import losses
 from verl_config import actor_config
@@ -66,6 +68,19 @@ def worker_reduction(per_rank: list[dict]) -> dict:
     return {key: Metric.aggregate_dp(val) if isinstance(val[0], Metric) else val for key, val in gathered.items()}
 
 
+def step_values(per_mini_batch: list[dict]) -> dict:
+    """What the worker does with its mini-batches' reduced metrics (append_to_dict, in train_mini_batch's loop) and
+    what the driver then logs (reduce_metrics): the step's `tepo/` values."""
+    collected: dict = {}
+    for output in per_mini_batch:
+        append_to_dict(collected, {k: v for k, v in output.items() if k.startswith("tepo/")})
+    return reduce_metrics(collected)
+
+
+def value(metric) -> float:
+    return metric.aggregate() if isinstance(metric, Metric) else metric
+
+
 @pytest.mark.parametrize("ranks", [[list(range(12))], [[0, 2, 4, 6, 8, 10], [1, 3, 5, 7, 9, 11]]],
                          ids=["dp1", "dp2"])
 def test_logged_metrics_are_the_whole_mini_batch_values(ranks):
@@ -88,7 +103,7 @@ def test_logged_metrics_are_the_whole_mini_batch_values(ranks):
                                  lo=0.01, hi=0.02, opts=config.policy_loss.tepo, entropy=batch.entropy,
                                  old_entropy=batch.old_entropy)
     for name in RATIOS + EXTREMES:
-        assert logged[f"tepo/{name}"] == pytest.approx(expected[name], rel=1e-10, abs=1e-13), name
+        assert value(logged[f"tepo/{name}"]) == pytest.approx(expected[name], rel=1e-10, abs=1e-13), name
     for name in ("mask_frac", "masked_kl_mean", "mask_frac_positive", "seq_clipfrac"):
         assert 0 < expected[name]
     # The unweighted mean over micro-batches (verl's MEAN for a per-micro-batch ratio) would be off.
@@ -97,9 +112,36 @@ def test_logged_metrics_are_the_whole_mini_batch_values(ranks):
         values = [n / d if d else 0.0 for rank in per_rank for n, d in rank[f"tepo/{name}"].values]
         naive[name] = sum(values) / len(values)
         assert abs(naive[name] - expected[name]) > 1e-3 * abs(expected[name]), name
-    # The driver averages each actor metric over the step's mini-batches: one mini-batch here, its value.
-    step = reduce_metrics({f"actor/{k}": [v] for k, v in logged.items() if k.startswith("tepo/")})
-    assert step["actor/tepo/mask_frac"] == pytest.approx(expected["mask_frac"], rel=1e-10)
+    # The driver logs the step: one mini-batch here, its value.
+    assert step_values([logged])["tepo/mask_frac"] == pytest.approx(expected["mask_frac"], rel=1e-10)
+
+
+def test_a_steps_logged_metrics_weigh_its_mini_batches_by_their_tokens():
+    """Two mini-batches of one step, the second without a positive-advantage token (so without a masked one):
+    the step's mask_frac_positive is the first mini-batch's, which the mean of the two mini-batches' values
+    (verl's reduction of a float metric) would halve; every ratio is the float64 reference's over the step."""
+    config = actor_config(["+algorithm=tepo", "actor_rollout_ref.actor.clip_ratio_low=0.01",
+                           "actor_rollout_ref.actor.clip_ratio_high=0.02"])
+    batch = the_batch()
+    second = list(range(6, 12))
+    batch.advantages[second] = -batch.advantages[second].abs()
+    per_mini_batch = []
+    for rows in (list(range(6)), second):
+        tokens = int(batch.response_mask[rows].sum())
+        data = rank_data(batch, rows, dp_size=1, tokens=tokens, max_token_len=20)
+        metrics, _ = rank_metrics(config, batch, rows, data, len(prepare_micro_batches(data)[0]))
+        per_mini_batch.append(worker_reduction([metrics]))
+    assert value(per_mini_batch[1]["tepo/mask_frac_positive"]) == 0  # the empty ratio's value
+    step = step_values(per_mini_batch)
+
+    _, expected = reference_tepo(batch.log_prob, batch.old_log_prob, batch.advantages, batch.response_mask,
+                                 lo=0.01, hi=0.02, opts=config.policy_loss.tepo, entropy=batch.entropy,
+                                 old_entropy=batch.old_entropy)
+    first = value(per_mini_batch[0]["tepo/mask_frac_positive"])
+    assert 0 < step["tepo/mask_frac_positive"] == pytest.approx(first, rel=1e-12)
+    assert step["tepo/mask_frac_positive"] == pytest.approx(expected["mask_frac_positive"], rel=1e-10)
+    for name in RATIOS + EXTREMES:
+        assert step[f"tepo/{name}"] == pytest.approx(expected[name], rel=1e-10, abs=1e-13), name
 
 
 def test_ratio_metric_merges_and_reduces_as_a_ratio_of_sums():
@@ -108,7 +150,7 @@ def test_ratio_metric_merges_and_reduces_as_a_ratio_of_sums():
     collected.append(a)
     collected.append(RatioMetric(0.0, 0.0))  # a micro-batch where the metric is undefined weighs nothing
     collected.append(RatioMetric(3.0, 4.0))
-    assert collected.aggregate() == 0.5 and Metric.aggregate_dp([collected, RatioMetric(2.0, 2.0)]) == 0.6
+    assert collected.aggregate() == 0.5 and Metric.aggregate_dp([collected, RatioMetric(2.0, 2.0)]).aggregate() == 0.6
     shipped = pickle.loads(pickle.dumps(collected))  # as allgather_dict_into_dict ships it between ranks
     assert type(shipped) is RatioMetric and shipped.values == collected.values and shipped.aggregate() == 0.5
     assert RatioMetric(0.0, 0.0, empty=1.0).aggregate() == 1.0

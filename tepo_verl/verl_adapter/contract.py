@@ -25,6 +25,7 @@ LOSSES = "verl.workers.utils.losses"
 ENGINE_WORKERS = "verl.workers.engine_workers"
 CORE_ALGOS = "verl.trainer.ppo.core_algos"
 METRIC = "verl.utils.metric.utils"
+PY_FUNCTIONAL = "verl.utils.py_functional"
 MAIN_PPO = "verl.trainer.main_ppo"
 TRAINER_BASE = "verl.trainer.ppo.v1.trainer_base"
 
@@ -252,6 +253,21 @@ def _metric_format(src: VerlSource) -> str | None:
     return None
 
 
+def _step_metric_reduction(src: VerlSource) -> str | None:
+    worker = src.function(ENGINE_WORKERS, "train_mini_batch", cls="TrainingWorker")
+    if not _calls(worker, "aggregate_dp") or not _calls(worker, "append_to_dict"):
+        return ("TrainingWorker.train_mini_batch no longer reduces a mini-batch's Metrics with Metric.aggregate_dp "
+                "and collects the mini-batches with append_to_dict")
+    if not _calls(src.function(PY_FUNCTIONAL, "append_to_dict"), "init_list"):
+        return "append_to_dict no longer collects a Metric value into the Metric's own init_list()"
+    if not _calls(src.function(METRIC, "reduce_metrics"), "aggregate"):
+        return "reduce_metrics no longer reduces a Metric value with its own aggregate()"
+    update = src.function(TRAINER_BASE, "_update_actor", cls="PPOTrainer")
+    if not _calls(update, "reduce_metrics"):
+        return "PPOTrainer._update_actor no longer logs the actor's metrics through reduce_metrics"
+    return None
+
+
 def _old_entropy(src: VerlSource) -> str | None:
     method = src.function(TRAINER_BASE, "_compute_old_log_prob", cls="PPOTrainer")
     stored = [c for c in _calls(method, "select") if {"old_log_probs", "entropy"} <= set(_strings(c))]
@@ -318,6 +334,11 @@ ASSUMPTIONS = (
     Assumption("metric format", "a policy loss returns plain-float metrics that ppo_loss wraps as MEAN Metrics; the "
                "adapter adds Metric(aggregation=MIN/MAX, value=float) entries to ppo_loss's metrics dict",
                _metric_format),
+    Assumption("step metric reduction", "the worker merges each mini-batch's Metrics over ranks with "
+               "Metric.aggregate_dp (which the adapter teaches to merge RatioMetrics) and collects the step's "
+               "mini-batches with append_to_dict, which keeps a Metric a Metric; the driver's reduce_metrics reduces "
+               "it with its aggregate(): the tepo/ ratios are logged as the step's ratio of sums",
+               _step_metric_reduction),
     Assumption("old entropy", "the v1 trainer's old-log-prob pass stores the old policy's entropy as data['entropy'] "
                "next to old_log_probs, and main_ppo runs that trainer", _old_entropy),
     Assumption("trainer hooks", "run_metrics wraps PPOTrainer._compute_old_log_prob(batch, metrics), "

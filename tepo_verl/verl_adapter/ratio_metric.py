@@ -7,11 +7,15 @@ the unweighted mean over micro-batches and ranks, not the mini-batch's value. Wi
 micro-batches differ in tokens and responses, and a micro-batch with no masked token pulls a masked mean down.
 
 A `RatioMetric` keeps each micro-batch's (numerator, denominator) and reduces to sum(numerators) /
-sum(denominators) over every micro-batch of every rank: exactly the ratio over the whole mini-batch, whatever the
-split, with no global count needed (the loss cannot know a global count of, say, masked tokens in advance).
-`install()` teaches verl's `Metric.aggregate_dp` to dispatch to it; every other metric is reduced by verl's own
-code unchanged. The driver then averages the per-mini-batch values over the step's mini-batches as it does for
-every actor metric.
+sum(denominators): exactly the ratio over every token it has seen, whatever the split, with no global count
+needed (the loss cannot know a global count of, say, masked tokens in advance). `install()` teaches verl's
+`Metric.aggregate_dp` to merge the ranks' RatioMetrics into one rather than reduce them to a float. verl's worker
+then collects the step's mini-batches into one RatioMetric (`append_to_dict` merges Metric values), and the
+driver's `reduce_metrics` reduces a Metric with its own `aggregate()`: the logged value is the ratio over the
+whole step, every mini-batch and epoch weighted by its tokens. (Averaging per-mini-batch values instead would
+count a mini-batch where a ratio is undefined, say one with no positive-advantage token, as 0.) Every other metric
+is reduced by verl's own code unchanged. The verl contract (contract.py, "step metric reduction") checks at load
+time that verl still carries a Metric from the worker to the driver this way.
 """
 
 from __future__ import annotations
@@ -57,9 +61,17 @@ def ratio_of_sums(metrics: list[RatioMetric]) -> float:
     return ratio_value(num, den, metrics[0].empty)
 
 
+def merged(metrics: list[RatioMetric]) -> RatioMetric:
+    """One RatioMetric holding every value of `metrics` (the ranks' of one mini-batch)."""
+    out = metrics[0].init_list()
+    for metric in metrics:
+        out.extend(metric)
+    return out
+
+
 def _aggregate_dp(cls, metric_lists):
     if metric_lists and isinstance(metric_lists[0], RatioMetric):
-        return ratio_of_sums(metric_lists)
+        return merged(metric_lists)  # reduced by the driver's reduce_metrics, over the whole step
     return _aggregate_dp.stock(cls, metric_lists)
 
 
