@@ -259,14 +259,23 @@ def test_the_masks_benefit_quotes_tepo_against_tepo_nomask_over_10_seeds():
     assert "| `mask_rule` | `surprisal_old` |" in text and "| `kl_coef` | `1.0` |" in text  # the defaults stay
 
 
-def test_the_readme_and_the_results_page_quote_the_masks_benefit():
-    d = pd.read_csv(CHAIN_COMPARE / "main" / "compare_paired.csv").set_index(["baseline", "metric"]).loc[
-        ("tepo_nomask", "val_auc")]
-    quoted = f"+{d.mean_difference:.4f} [{d.ci_low:+.4f}, {d.ci_high:+.4f}], p = {d.p_value:.3g}"
-    for page in (REPO / "README.md", PAGE):
-        text = " ".join(page.read_text(encoding="utf-8").split())  # line breaks as spaces
-        assert "`tepo` minus `tepo_nomask` on the" in text and quoted in text, page.name
-    assert plans_call(d) == "null" and "**TEPO's mask is not shown to help.**" in (REPO / "README.md").read_text()
+def test_the_readme_and_the_results_page_quote_the_two_primary_comparisons():
+    paired = pd.read_csv(CHAIN_COMPARE / "main" / "compare_paired.csv").set_index(["baseline", "metric"])
+    runs = pd.read_csv(CHAIN_COMPARE / "main" / "compare_runs.csv").set_index(["algorithm", "seed"])
+    texts = {page.name: " ".join(page.read_text(encoding="utf-8").split()) for page in (REPO / "README.md", PAGE)}
+    for arm in ("tepo_nomask", "gspo"):
+        d = paired.loc[(arm, "val_auc")]
+        assert d.pairs == 10 and plans_call(d) == "null"  # what the prose says of both
+        quoted = f"{d.mean_difference:+.4f} [{d.ci_low:+.4f}, {d.ci_high:+.4f}], p = {d.p_value:.3g}"
+        for name, text in texts.items():
+            assert quoted in text, (name, arm, quoted)
+    assert "`tepo` minus `tepo_nomask` on the" in texts["README.md"] and "`tepo` minus `tepo_nomask` on the" in texts[
+        "results.md"]
+    assert "**TEPO's mask is not shown to help.**" in texts["README.md"]
+    assert "Against GSPO, the other primary comparison, TEPO is not shown to differ" in texts["README.md"]
+    higher = sum(runs.loc[("tepo", k)].val_auc > runs.loc[("gspo", k)].val_auc for k in range(1, 11))
+    assert f"is final too and also a null: {paired.loc[('gspo', 'val_auc')].mean_difference:+.4f}" in texts["results.md"]
+    assert f"`tepo` higher on {higher} of 10 seeds" in texts["results.md"]
 
 
 @pytest.mark.parametrize("cell, values, ok", [("10 [7, 13]", (10, 7, 13), True), ("10 [7, 13]", (10, 7, 14), False),
