@@ -81,11 +81,23 @@ def value(metric) -> float:
     return metric.aggregate() if isinstance(metric, Metric) else metric
 
 
+def tepo_config():
+    return actor_config(["+algorithm=tepo", "actor_rollout_ref.actor.clip_ratio_low=0.01",
+                         "actor_rollout_ref.actor.clip_ratio_high=0.02"])
+
+
+def reference_metrics(batch, config) -> dict:
+    """The float64 reference's metrics over every response of `batch`, at `config`'s clip range and TEPO options."""
+    _, expected = reference_tepo(batch.log_prob, batch.old_log_prob, batch.advantages, batch.response_mask,
+                                 lo=config.clip_ratio_low, hi=config.clip_ratio_high, opts=config.policy_loss.tepo,
+                                 entropy=batch.entropy, old_entropy=batch.old_entropy)
+    return expected
+
+
 @pytest.mark.parametrize("ranks", [[list(range(12))], [[0, 2, 4, 6, 8, 10], [1, 3, 5, 7, 9, 11]]],
                          ids=["dp1", "dp2"])
 def test_logged_metrics_are_the_whole_mini_batch_values(ranks):
-    config = actor_config(["+algorithm=tepo", "actor_rollout_ref.actor.clip_ratio_low=0.01",
-                           "actor_rollout_ref.actor.clip_ratio_high=0.02"])
+    config = tepo_config()
     batch = the_batch()
     tokens = int(batch.response_mask.sum())
     datas = [rank_data(batch, rows, dp_size=len(ranks), tokens=tokens, max_token_len=20) for rows in ranks]
@@ -99,9 +111,7 @@ def test_logged_metrics_are_the_whole_mini_batch_values(ranks):
     assert all(len({tok for _, tok in s}) > 1 for s in sizes) and len({n for s in sizes for n, _ in s}) > 1, sizes
     logged = worker_reduction(per_rank)
 
-    _, expected = reference_tepo(batch.log_prob, batch.old_log_prob, batch.advantages, batch.response_mask,
-                                 lo=0.01, hi=0.02, opts=config.policy_loss.tepo, entropy=batch.entropy,
-                                 old_entropy=batch.old_entropy)
+    expected = reference_metrics(batch, config)
     for name in RATIOS + EXTREMES:
         assert value(logged[f"tepo/{name}"]) == pytest.approx(expected[name], rel=1e-10, abs=1e-13), name
     for name in ("mask_frac", "masked_kl_mean", "mask_frac_positive", "seq_clipfrac"):
@@ -120,8 +130,7 @@ def test_a_steps_logged_metrics_weigh_its_mini_batches_by_their_tokens():
     """Two mini-batches of one step, the second without a positive-advantage token (so without a masked one):
     the step's mask_frac_positive is the first mini-batch's, which the mean of the two mini-batches' values
     (verl's reduction of a float metric) would halve; every ratio is the float64 reference's over the step."""
-    config = actor_config(["+algorithm=tepo", "actor_rollout_ref.actor.clip_ratio_low=0.01",
-                           "actor_rollout_ref.actor.clip_ratio_high=0.02"])
+    config = tepo_config()
     batch = the_batch()
     second = list(range(6, 12))
     batch.advantages[second] = -batch.advantages[second].abs()
@@ -134,9 +143,7 @@ def test_a_steps_logged_metrics_weigh_its_mini_batches_by_their_tokens():
     assert value(per_mini_batch[1]["tepo/mask_frac_positive"]) == 0  # the empty ratio's value
     step = step_values(per_mini_batch)
 
-    _, expected = reference_tepo(batch.log_prob, batch.old_log_prob, batch.advantages, batch.response_mask,
-                                 lo=0.01, hi=0.02, opts=config.policy_loss.tepo, entropy=batch.entropy,
-                                 old_entropy=batch.old_entropy)
+    expected = reference_metrics(batch, config)
     first = value(per_mini_batch[0]["tepo/mask_frac_positive"])
     assert 0 < step["tepo/mask_frac_positive"] == pytest.approx(first, rel=1e-12)
     assert step["tepo/mask_frac_positive"] == pytest.approx(expected["mask_frac_positive"], rel=1e-10)

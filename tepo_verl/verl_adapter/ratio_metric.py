@@ -51,14 +51,8 @@ class RatioMetric(Metric):
         return RatioMetric(empty=self.empty)
 
     def aggregate(self) -> float:
-        return ratio_of_sums([self])
-
-
-def ratio_of_sums(metrics: list[RatioMetric]) -> float:
-    """sum of every numerator / sum of every denominator, over all the metrics' values (micro-batches x ranks)."""
-    num = sum(n for metric in metrics for n, _ in metric.values)
-    den = sum(d for metric in metrics for _, d in metric.values)
-    return ratio_value(num, den, metrics[0].empty)
+        """sum of every numerator / sum of every denominator (micro-batches x ranks x mini-batches)."""
+        return ratio_value(sum(n for n, _ in self.values), sum(d for _, d in self.values), self.empty)
 
 
 def merged(metrics: list[RatioMetric]) -> RatioMetric:
