@@ -4,13 +4,16 @@ The generated part of the page (between a study's markers) is checked by tests/t
 quotes those numbers in tables of its own: the first study's headline (steps to target, paired differences, per-seed
 differences, p), its ablation screen and its float32 pair; docs/algorithm.md quotes the float32 study's dose arms,
 the evidence for its `kl_coef` default, its controls, the evidence for the mask's selection, and `tepo` against
-`tepo_nomask` over 10 seeds, the mask's benefit. Each cell is
-parsed from the page and compared with the CSV value it quotes, to the precision the cell shows (a cell "0.742" matches 0.7421875, not 0.7431).
+`tepo_nomask` over 10 seeds, the mask's benefit; the float32 study's conclusion quotes every final comparison, and
+README, results.md and cpu-mode.md what a run of it costs. Each cell is parsed from the page and compared with the
+CSV value it quotes, to the precision the cell shows (a cell "0.742" matches 0.7421875, not 0.7431).
 """
 
 from __future__ import annotations
 
+import json
 import re
+import statistics
 from pathlib import Path
 
 import pandas as pd
@@ -270,12 +273,86 @@ def test_the_readme_and_the_results_page_quote_the_two_primary_comparisons():
         quoted = f"{d.mean_difference:+.4f} [{d.ci_low:+.4f}, {d.ci_high:+.4f}], p = {d.p_value:.3g}"
         for name, text in texts.items():
             assert quoted in text, (name, arm, quoted)
-    assert all("`tepo` minus `tepo_nomask` on the" in text for text in texts.values())
+    assert "`tepo` minus `tepo_nomask` on the validation curve's area" in texts["README.md"]
     assert "**TEPO's mask is not shown to help.**" in texts["README.md"]
     assert "Against GSPO, the other primary comparison, TEPO is not shown to differ" in texts["README.md"]
-    higher = sum(runs.loc[("tepo", k)].val_auc > runs.loc[("gspo", k)].val_auc for k in range(1, 11))
-    assert f"is final too and also a null: {paired.loc[('gspo', 'val_auc')].mean_difference:+.4f}" in texts["results.md"]
-    assert f"`tepo` higher on {higher} of 10 seeds" in texts["results.md"]
+    baselines = [paired.loc[(arm, "val_auc")] for arm in ("grpo", "dapo")]
+    assert all(d.pairs == 10 and plans_call(d) == "supported" and d.mean_difference < 0 for d in baselines)
+    assert ("GRPO and DAPO, secondary comparisons, learned faster than TEPO on this test bed: " + ", and ".join(
+        f"{d.mean_difference:+.4f} [{d.ci_low:+.4f}, {d.ci_high:+.4f}], p = {d.p_value:.3g}" for d in baselines)
+        ) in texts["README.md"]
+    section = chain_section("#### Conclusion", "#### The study's tables and plots")
+    for arm in ("tepo_nomask", "gspo"):
+        higher = sum(runs.loc[("tepo", k)].val_auc > runs.loc[(arm, k)].val_auc for k in range(1, 11))
+        assert f"`tepo` was higher on {higher} of 10 seeds against `{arm}`" in section
+
+
+STUDY_ARMS = {"main": ("tepo_nomask", "gspo", "grpo", "dapo"), "dose": ("tepo-kl10", "tepo-kl100"),
+              "control": ("ctl-positive", "ctl-top20", "ctl-every")}
+
+
+def chain_section(start: str, end: str) -> str:
+    """A part of the float32 study's section of results.md, whitespace normalised."""
+    text = PAGE.read_text(encoding="utf-8")
+    return " ".join(text[text.index(start):text.index(end)].split())
+
+
+def responses_per_step(arm: str) -> list[float]:
+    """Each committed run's mean number of responses generated for training a step (DAPO's regenerations included)."""
+    key = "tepo_verl/responses_generated"
+    per_run = []
+    for path in sorted(CHAIN_COMPARE.parent.glob(f"{arm}-seed*/metrics.jsonl")):
+        steps = [json.loads(line)["data"] for line in path.read_text(encoding="utf-8").splitlines()]
+        per_run.append(statistics.mean(step[key] for step in steps if key in step))
+    return per_run
+
+
+def test_the_studys_conclusion_quotes_every_final_comparison_with_the_plans_call():
+    section = chain_section("#### Conclusion", "#### The study's tables and plots")
+    for group, arms in STUDY_ARMS.items():
+        paired = pd.read_csv(CHAIN_COMPARE / group / "compare_paired.csv").set_index(["baseline", "metric"])
+        for arm in arms:
+            d = paired.loc[(arm, "val_auc")]
+            assert d.pairs == (10 if group == "main" else 5), arm  # every comparison has its planned pairs
+            quoted = (f"(`tepo` minus `{arm}`: {d.mean_difference:+.4f} [{d.ci_low:+.4f}, {d.ci_high:+.4f}], "
+                      f"p = {d.p_value:.3g}, {plans_call(d)})")
+            assert quoted in section, quoted
+    main = pd.read_csv(CHAIN_COMPARE / "main" / "compare_paired.csv").set_index(["baseline", "metric"])
+    arms = pd.read_csv(CHAIN_COMPARE / "main" / "compare.csv").set_index("algorithm")
+    # the headlines' words follow from the calls and their signs
+    assert all(plans_call(main.loc[(arm, "val_auc")]) == "null" for arm in ("tepo_nomask", "gspo"))
+    assert "**The mask's benefit is not established**" in section
+    assert "**TEPO is not shown to differ from GSPO**" in section
+    baselines = [main.loc[(arm, "val_auc")] for arm in ("grpo", "dapo")]
+    assert all(plans_call(d) == "supported" and d.mean_difference < 0 for d in baselines)
+    assert "**GRPO and DAPO learned faster than TEPO here**" in section
+    # the three sequence-ratio arms all sit below the two token-ratio arms, and clip far more of their tokens
+    sequence, token = arms.loc[["tepo", "tepo_nomask", "gspo"]], arms.loc[["grpo", "dapo"]]
+    assert sequence.val_auc.max() < token.val_auc.min()
+    assert (f"`clip_fraction` {sequence.clip_fraction.min():.3f}-{sequence.clip_fraction.max():.3f}, against "
+            f"{token.clip_fraction.min():.3f}-{token.clip_fraction.max():.3f}") in section
+    # DAPO's regenerations: more responses a step than the others' fixed 32 x 8, and per response not faster
+    tepo, dapo = responses_per_step("tepo"), responses_per_step("dapo")
+    assert tepo == [256] * 10 and len(dapo) == 10
+    assert f"a DAPO step used {statistics.mean(dapo):.0f} responses on average against the others' 256" in section
+    rollouts = main.loc[("dapo", "rollouts_to_target")]
+    assert rollouts.p_value >= 0.05 and rollouts.ci_low <= 0 <= rollouts.ci_high  # "about as many"
+    strength = arms.loc["tepo", "penalty_strength"]
+    assert f"the penalty's gradient on the tokens it selects is about {strength:.0%}" in section
+
+
+def test_the_quoted_run_cost_is_the_committed_float32_runs_wall_time():
+    """README, results.md and cpu-mode.md quote what a run of the study costs: the range and the median of the
+    committed runs' `wall_s`, in whole minutes."""
+    walls = [json.loads(f.read_text())["wall_s"] / 60 for f in CHAIN_COMPARE.parent.glob("*-seed*/run.json")]
+    assert len(walls) == 75  # every planned run
+    low, high, median = round(min(walls)), round(max(walls)), round(statistics.median(walls))
+    for page in (REPO / "README.md", PAGE, REPO / "docs" / "cpu-mode.md"):
+        text = " ".join(page.read_text(encoding="utf-8").split())
+        assert f"{low}-{high} minutes" in text and f", {median} the median" in text, (page.name, low, high, median)
+    page = " ".join(PAGE.read_text(encoding="utf-8").split())
+    assert f"a run of this regime costs about {median} minutes" in page
+    assert f"the 75 runs took about {sum(walls) / 60:.0f} hours in all" in page
 
 
 @pytest.mark.parametrize("cell, values, ok", [("10 [7, 13]", (10, 7, 13), True), ("10 [7, 13]", (10, 7, 14), False),
