@@ -578,9 +578,17 @@ class Call:
         return "consistent" if same_sign and excludes_zero else "null"
 
     @property
+    def ahead(self) -> str:
+        """Whose primary metric is the higher where the call is supported or consistent (`reference` or `arm`);
+        "-" for a null or a pending call."""
+        if self.word not in ("supported", "consistent"):
+            return "-"
+        return self.reference if self.mean > 0 else self.arm
+
+    @property
     def favours_arm(self) -> bool:
         """A supported or consistent difference in the arm's favour (its primary metric the higher)."""
-        return self.word in ("supported", "consistent") and self.mean < 0
+        return self.ahead == self.arm
 
 
 def plan_calls(compared: dict[str, tuple[Comparison, Path]], study: Study) -> dict[str, list[Call]]:
@@ -650,12 +658,14 @@ def plan_decisions(calls: dict[str, list[Call]]) -> list[str]:
 def calls_section(calls: dict[str, list[Call]]) -> list[str]:
     """The page's table of the plan's calls on the primary metric, then its decisions for the defaults."""
     lines = [f"**The plan's calls** on the primary metric ({PRIMARY}, reference minus arm, paired by seed; pending "
-             "until a comparison has its planned pairs):", "",
-             "| reference | arm | pairs | mean difference | 95% interval | p | call |", "|---|---|---|---|---|---|---|"]
+             "until a comparison has its planned pairs; ahead: whose metric is the higher, where the call is "
+             "supported or consistent):", "",
+             "| reference | arm | pairs | mean difference | 95% interval | p | call | ahead |",
+             "|---|---|---|---|---|---|---|---|"]
     for call in (call for group in calls.values() for call in group):
         shown = "nan" if math.isnan(call.low) else f"[{call.low:+.4f}, {call.high:+.4f}]"
         lines.append(f"| {call.reference} | {call.arm} | {len(call.differences)} of {call.planned} | "
-                     f"{call.mean:+.4f} | {shown} | {call.p:.3g} | {call.word} |")
+                     f"{call.mean:+.4f} | {shown} | {call.p:.3g} | {call.word} | {call.ahead} |")
     return [*lines, "", "**The plan's decisions** for the defaults:", "", *plan_decisions(calls), ""]
 
 

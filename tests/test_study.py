@@ -405,6 +405,19 @@ def test_the_plans_call_on_one_comparison(differences, low, high, p, planned, wo
     assert _call(differences, low, high, p, planned).word == word
 
 
+@pytest.mark.parametrize("differences, low, high, p, planned, ahead", [
+    ([0.01] * 10, 0.005, 0.015, 0.002, 10, "tepo"),  # supported, the reference higher
+    ([-0.01] * 10, -0.015, -0.005, 0.002, 10, "tepo-kl10"),  # supported, the arm higher
+    ([-0.02] * 5, -0.03, -0.01, 0.0625, 5, "tepo-kl10"),  # consistent
+    ([0.01] * 9 + [-0.01], -0.001, 0.012, 0.021, 10, "-"),  # null
+    ([0.02] * 4, 0.01, 0.03, 0.125, 5, "-"),  # pending
+])
+def test_a_call_names_the_arm_ahead_only_where_it_is_supported_or_consistent(differences, low, high, p, planned,
+                                                                            ahead):
+    call = _call(differences, low, high, p, planned)
+    assert call.ahead == ahead and call.favours_arm == (ahead == call.arm)
+
+
 def test_the_plans_decisions_follow_its_rules():
     nomask = _call([0.01, -0.01] * 5, -0.01, 0.01, 1.0, 10, "tepo_nomask")
     kl10 = _call([-0.02] * 5, -0.03, -0.01, 0.0625)  # kl 10 higher than tepo on every seed
@@ -444,5 +457,5 @@ def test_the_plans_calls_are_read_from_the_comparisons_runs(tmp_path):
     assert nomask.differences == pytest.approx([0.001 * seed for seed in study.DOSE_SEEDS])
     assert nomask.planned == 10 and nomask.word == "pending"
     section = "\n".join(study.calls_section(calls))
-    assert "| tepo | tepo-kl10 | 5 of 5 | -0.0800 |" in section and "| consistent |" in section
+    assert "| tepo | tepo-kl10 | 5 of 5 | -0.0800 |" in section and "| consistent | tepo-kl10 |" in section
     assert "- **`kl_coef`**: pending (the dose arms' seeds 1-5)." in section  # tepo-kl100 has no run
