@@ -226,7 +226,11 @@ def test_mask_off_runs_the_off_policy_update_without_the_penalty(tepo_run, nomas
         assert metric(data, "tepo/mask_rule/off") == 1.0
         assert metric(data, "tepo/mask_fallback_used") == 0.0
         assert metric(data, "tepo/mask_frac") == 0.0 and metric(data, "tepo/masked_kl_mean") == 0.0
-        assert math.isfinite(metric(data, "pg_loss")) and metric(data, "grad_norm") > 0
+        assert math.isfinite(metric(data, "pg_loss")) and math.isfinite(metric(data, "grad_norm"))
+    # the update ran. Not necessarily on every step: without the penalty a step's gradient is 0 when every response
+    # with a non-zero advantage is clipped, as one CI run showed (3 of 4 groups all-equal, the fourth's 4 responses
+    # all past GSPO's 3e-4/4e-4 range in an off-policy mini-batch: grad_norm 0.0, seq_clipfrac 0.25)
+    assert any(metric(data, "grad_norm") > 0 for data in mask_off)
     # the later mini-batches are still off-policy (the ratio leaves 1), so only the penalty is missing
     assert any(metric(d, "tepo/seq_ratio_min") < 1.0 < metric(d, "tepo/seq_ratio_max") for d in mask_off)
     # while with the mask the same off-policy updates carried a positive masked KL
