@@ -12,6 +12,7 @@ import contextlib
 import fcntl
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -55,6 +56,16 @@ def metric(data: dict, name: str):
         if key in data:
             return data[key]
     return None
+
+
+def assert_step_updated(data: dict, step: int) -> None:
+    """One logged training step of a loss whose token ratios clip at 0.2 (first mini-batch on-policy): a finite loss,
+    and a non-zero gradient whenever the batch held a response with a non-zero advantage (a group whose rewards
+    differ). A step whose groups all got equal rewards gives the policy term nothing to learn from, so its gradient
+    may be 0; that is the data, not a broken update."""
+    assert math.isfinite(metric(data, "pg_loss")), step
+    informative = data["critic/advantages/max"] > 0 or data["critic/advantages/min"] < 0
+    assert metric(data, "grad_norm") > 0 or not informative, (step, metric(data, "grad_norm"))
 
 
 @contextlib.contextmanager
