@@ -54,6 +54,16 @@ def csv(group: str, name: str) -> pd.DataFrame:
     return pd.read_csv(COMPARE / group / name)
 
 
+def chain_paired(group: str) -> pd.DataFrame:
+    """A float32-study comparison's paired differences, by (arm, metric)."""
+    return pd.read_csv(CHAIN_COMPARE / group / "compare_paired.csv").set_index(["baseline", "metric"])
+
+
+def chain_arms(group: str) -> pd.DataFrame:
+    """A float32-study comparison's per-arm seed means, by arm."""
+    return pd.read_csv(CHAIN_COMPARE / group / "compare.csv").set_index("algorithm")
+
+
 def assert_cell(cell: str, *values: float) -> None:
     got = numbers(cell)
     assert len(got) == len(values) and all(shown_as(t, v) for t, v in zip(got, values)), (cell, values)
@@ -183,7 +193,7 @@ def test_plans_call_follows_the_plans_rule(pairs, mean, low, high, p, call):
 
 
 def test_the_kl_coef_default_quotes_the_float32_dose_arms():
-    paired = pd.read_csv(CHAIN_COMPARE / "dose" / "compare_paired.csv").set_index(["baseline", "metric"])
+    paired = chain_paired("dose")
     rows = table_after("### What the float32 study says about `kl_coef`", ALGORITHM)
     assert [row[0].strip("`") for row in rows] == ["tepo-kl10", "tepo-kl100"]
     for arm, *cells in rows:
@@ -201,8 +211,8 @@ def test_the_kl_coef_default_quotes_the_float32_dose_arms():
 
 
 def test_the_mask_selection_default_quotes_the_float32_controls():
-    paired = pd.read_csv(CHAIN_COMPARE / "control" / "compare_paired.csv").set_index(["baseline", "metric"])
-    arms = pd.read_csv(CHAIN_COMPARE / "control" / "compare.csv").set_index("algorithm")
+    paired = chain_paired("control")
+    arms = chain_arms("control")
     rows = table_after("### What the float32 study says about the mask's selection", ALGORITHM)
     assert [row[0].split()[0].strip("`") for row in rows] == ["ctl-positive", "ctl-top20", "ctl-every"]
     for control, *cells, share, strength in rows:
@@ -227,9 +237,9 @@ SECONDARY_ROWS = {"final validation accuracy": "final_val_acc", "best validation
 
 
 def test_the_masks_benefit_quotes_tepo_against_tepo_nomask_over_10_seeds():
-    paired = pd.read_csv(CHAIN_COMPARE / "main" / "compare_paired.csv").set_index(["baseline", "metric"])
+    paired = chain_paired("main")
     runs = pd.read_csv(CHAIN_COMPARE / "main" / "compare_runs.csv").set_index(["algorithm", "seed"])
-    arms = pd.read_csv(CHAIN_COMPARE / "main" / "compare.csv").set_index("algorithm")
+    arms = chain_arms("main")
     heading = "### What the float32 study says about the mask's benefit"
     rows = table_after(heading, ALGORITHM)
     assert [row[0] for row in rows] == ["`tepo_nomask`"]
@@ -264,7 +274,7 @@ def test_the_masks_benefit_quotes_tepo_against_tepo_nomask_over_10_seeds():
 
 
 def test_the_readme_and_the_results_page_quote_the_two_primary_comparisons():
-    paired = pd.read_csv(CHAIN_COMPARE / "main" / "compare_paired.csv").set_index(["baseline", "metric"])
+    paired = chain_paired("main")
     runs = pd.read_csv(CHAIN_COMPARE / "main" / "compare_runs.csv").set_index(["algorithm", "seed"])
     texts = {page.name: " ".join(page.read_text(encoding="utf-8").split()) for page in (REPO / "README.md", PAGE)}
     for arm in ("tepo_nomask", "gspo"):
@@ -281,7 +291,7 @@ def test_the_readme_and_the_results_page_quote_the_two_primary_comparisons():
     assert ("GRPO and DAPO, secondary comparisons, learned faster than TEPO on this test bed: " + ", and ".join(
         f"{d.mean_difference:+.4f} [{d.ci_low:+.4f}, {d.ci_high:+.4f}], p = {d.p_value:.3g}" for d in baselines)
         ) in texts["README.md"]
-    section = chain_section("#### Conclusion", "#### The study's tables and plots")
+    section = conclusion()
     for arm in ("tepo_nomask", "gspo"):
         higher = sum(runs.loc[("tepo", k)].val_auc > runs.loc[(arm, k)].val_auc for k in range(1, 11))
         assert f"`tepo` was higher on {higher} of 10 seeds against `{arm}`" in section
@@ -291,10 +301,10 @@ STUDY_ARMS = {"main": ("tepo_nomask", "gspo", "grpo", "dapo"), "dose": ("tepo-kl
               "control": ("ctl-positive", "ctl-top20", "ctl-every")}
 
 
-def chain_section(start: str, end: str) -> str:
-    """A part of the float32 study's section of results.md, whitespace normalised."""
+def conclusion() -> str:
+    """The float32 study's conclusion in results.md, whitespace normalised."""
     text = PAGE.read_text(encoding="utf-8")
-    return " ".join(text[text.index(start):text.index(end)].split())
+    return " ".join(text[text.index("#### Conclusion"):text.index("#### The study's tables and plots")].split())
 
 
 def responses_per_step(arm: str) -> list[float]:
@@ -308,17 +318,16 @@ def responses_per_step(arm: str) -> list[float]:
 
 
 def test_the_studys_conclusion_quotes_every_final_comparison_with_the_plans_call():
-    section = chain_section("#### Conclusion", "#### The study's tables and plots")
+    section = conclusion()
+    paired = {group: chain_paired(group) for group in STUDY_ARMS}
     for group, arms in STUDY_ARMS.items():
-        paired = pd.read_csv(CHAIN_COMPARE / group / "compare_paired.csv").set_index(["baseline", "metric"])
         for arm in arms:
-            d = paired.loc[(arm, "val_auc")]
+            d = paired[group].loc[(arm, "val_auc")]
             assert d.pairs == (10 if group == "main" else 5), arm  # every comparison has its planned pairs
             quoted = (f"(`tepo` minus `{arm}`: {d.mean_difference:+.4f} [{d.ci_low:+.4f}, {d.ci_high:+.4f}], "
                       f"p = {d.p_value:.3g}, {plans_call(d)})")
             assert quoted in section, quoted
-    main = pd.read_csv(CHAIN_COMPARE / "main" / "compare_paired.csv").set_index(["baseline", "metric"])
-    arms = pd.read_csv(CHAIN_COMPARE / "main" / "compare.csv").set_index("algorithm")
+    main, arms = paired["main"], chain_arms("main")
     # the headlines' words follow from the calls and their signs
     assert all(plans_call(main.loc[(arm, "val_auc")]) == "null" for arm in ("tepo_nomask", "gspo"))
     assert "**The mask's benefit is not established**" in section
@@ -332,8 +341,9 @@ def test_the_studys_conclusion_quotes_every_final_comparison_with_the_plans_call
     assert (f"`clip_fraction` {sequence.clip_fraction.min():.3f}-{sequence.clip_fraction.max():.3f}, against "
             f"{token.clip_fraction.min():.3f}-{token.clip_fraction.max():.3f}") in section
     # DAPO's regenerations: more responses a step than the others' fixed 32 x 8, and per response not faster
-    tepo, dapo = responses_per_step("tepo"), responses_per_step("dapo")
-    assert tepo == [256] * 10 and len(dapo) == 10
+    assert all(responses_per_step(arm) == [256] * 10 for arm in ("tepo", "tepo_nomask", "gspo", "grpo"))
+    dapo = responses_per_step("dapo")
+    assert len(dapo) == 10
     assert f"a DAPO step used {statistics.mean(dapo):.0f} responses on average against the others' 256" in section
     rollouts = main.loc[("dapo", "rollouts_to_target")]
     assert rollouts.p_value >= 0.05 and rollouts.ci_low <= 0 <= rollouts.ci_high  # "about as many"
@@ -347,12 +357,12 @@ def test_the_quoted_run_cost_is_the_committed_float32_runs_wall_time():
     walls = [json.loads(f.read_text())["wall_s"] / 60 for f in CHAIN_COMPARE.parent.glob("*-seed*/run.json")]
     assert len(walls) == 75  # every planned run
     low, high, median = round(min(walls)), round(max(walls)), round(statistics.median(walls))
-    for page in (REPO / "README.md", PAGE, REPO / "docs" / "cpu-mode.md"):
-        text = " ".join(page.read_text(encoding="utf-8").split())
+    texts = {page: " ".join(page.read_text(encoding="utf-8").split())
+             for page in (REPO / "README.md", PAGE, REPO / "docs" / "cpu-mode.md")}
+    for page, text in texts.items():
         assert f"{low}-{high} minutes" in text and f", {median} the median" in text, (page.name, low, high, median)
-    page = " ".join(PAGE.read_text(encoding="utf-8").split())
-    assert f"a run of this regime costs about {median} minutes" in page
-    assert f"the 75 runs took about {sum(walls) / 60:.0f} hours in all" in page
+    assert f"a run of this regime costs about {median} minutes" in texts[PAGE]
+    assert f"the 75 runs took about {sum(walls) / 60:.0f} hours in all" in texts[PAGE]
 
 
 @pytest.mark.parametrize("cell, values, ok", [("10 [7, 13]", (10, 7, 13), True), ("10 [7, 13]", (10, 7, 14), False),
