@@ -99,7 +99,8 @@ def reference_tepo(
     n_positive = masked_positive = 0
     penalty_slope_sum = policy_slope_sum = 0.0
     clipped_tokens = clipped_lower = 0
-    seq_ratios, seq_clipped = [], []
+    seq_ratios, seq_clipped, seq_abs_log_ratios = [], [], []
+    masked_clipped = 0
     ppo_kl = ent_sum = dent_sum = 0.0
     abs_log_ratios = []
     disagree = 0
@@ -110,6 +111,7 @@ def reference_tepo(
             continue
         seq_lr = sum(float(lp[i, t]) - float(old_log_prob[i, t]) for t in ts) / len(ts)
         seq_ratios.append(math.exp(min(seq_lr, opts.log_ratio_clamp)))
+        seq_abs_log_ratios.append(abs(seq_lr))
         any_clipped = False
         running = 0.0
         for k, t in enumerate(ts):
@@ -150,6 +152,7 @@ def reference_tepo(
                 loss_it = pg * 0.0 if m else pg
             token_losses[(i, t)] = loss_it
             masked += m
+            masked_clipped += m and is_clipped
             kl_sum += float(d.detach()) if m else 0.0
             ppo_kl += lo_f - lf
             abs_log_ratios.append(abs(lf - lo_f))
@@ -178,8 +181,9 @@ def reference_tepo(
         "mask_frac": masked / n_valid if n_valid else 0.0,
         "mask_frac_positive": masked_positive / n_positive if n_positive else 0.0,
         "masked_kl_mean": kl_sum / masked if masked else 0.0,
-        "penalty_grad_ratio": (penalty_slope_sum / policy_slope_sum if policy_slope_sum
-                               else math.inf if penalty_slope_sum else 0.0),
+        "penalty_grad_share": (penalty_slope_sum / (penalty_slope_sum + policy_slope_sum)
+                               if penalty_slope_sum + policy_slope_sum else 0.0),
+        "masked_clipfrac": masked_clipped / masked if masked else 0.0,
         "seq_ratio_mean": sum(seq_ratios) / len(seq_ratios) if seq_ratios else 1.0,
         "seq_ratio_min": min(seq_ratios) if seq_ratios else 1.0,
         "seq_ratio_max": max(seq_ratios) if seq_ratios else 1.0,
@@ -189,6 +193,7 @@ def reference_tepo(
         "ppo_kl": ppo_kl / n_valid if n_valid else 0.0,
         "token_log_ratio_abs_mean": sum(abs_log_ratios) / n_valid if n_valid else 0.0,
         "token_log_ratio_abs_max": max(abs_log_ratios, default=0.0),
+        "seq_log_ratio_abs_max": max(seq_abs_log_ratios, default=0.0),
     }
     if entropy is not None:
         metrics["entropy"] = ent_sum / n_valid if n_valid else 0.0

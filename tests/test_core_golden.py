@@ -175,9 +175,10 @@ def test_advantage_matches_reference(rewards, n_groups, norm, seed):
 
 @pytest.mark.parametrize("estimator", ["k1", "abs", "k2", "k3"])
 @pytest.mark.parametrize("ratio_mode", ["sequence", "prefix"])
-def test_penalty_grad_ratio_is_the_ratio_of_the_two_terms_in_the_loss_gradient(estimator, ratio_mode):
-    """penalty_grad_ratio = sum_M |d(beta D)/dl| / sum_M |d pg/dl|, read here off the real loss's autograd: the
-    policy term's gradient is the gradient at beta = 0 (the mask does not depend on beta), the penalty's the rest."""
+def test_penalty_grad_share_is_the_penalty_terms_share_of_the_loss_gradient(estimator, ratio_mode):
+    """penalty_grad_share = sum_M |d(beta D)/dl| / (sum_M |d(beta D)/dl| + sum_M |d pg/dl|), read here off the real
+    loss's autograd: the policy term's gradient is the gradient at beta = 0 (the mask does not depend on beta), the
+    penalty's the rest."""
     batch = random_batch(seed=3, batch_size=8, max_len=10, drift=0.3)
     opts = TepoOptions(ratio_mode=ratio_mode, kl_estimator=estimator, kl_coef=0.7)
 
@@ -194,11 +195,13 @@ def test_penalty_grad_ratio_is_the_ratio_of_the_two_terms_in_the_loss_gradient(e
     m = out.mask
     clipped = out.metrics["token_clipfrac"]
     assert m.any() and 0 < clipped < 1  # masked tokens, on both branches
-    expected = (full - policy_only)[m].abs().sum() / policy_only[m].abs().sum()
-    assert expected > 0
-    assert out.metrics["penalty_grad_ratio"] == pytest.approx(float(expected), rel=1e-9)
+    penalty, policy = (full - policy_only)[m].abs().sum(), policy_only[m].abs().sum()
+    assert penalty > 0 and policy > 0
+    assert out.metrics["penalty_grad_share"] == pytest.approx(float(penalty / (penalty + policy)), rel=1e-9)
+    clipped_masked = (m & (policy_only == 0)).sum() / m.sum()  # a clipped token's policy term has no gradient
+    assert out.metrics["masked_clipfrac"] == pytest.approx(float(clipped_masked), rel=1e-12)
     dropped, _ = loss_and_grad(dataclasses.replace(opts, mask_action="drop"))
-    assert dropped.metrics["penalty_grad_ratio"] == 0.0  # drop adds no penalty term
+    assert dropped.metrics["penalty_grad_share"] == 0.0  # drop adds no penalty term
 
 
 def test_mask_frac_positive_is_the_masked_share_of_positive_advantage_tokens():
@@ -215,8 +218,9 @@ def test_mask_frac_positive_is_the_masked_share_of_positive_advantage_tokens():
     assert out.metrics["mask_frac_positive"] > out.metrics["mask_frac"]  # same numerator, fewer tokens below
 
 
-def test_penalty_grad_ratio_is_infinite_when_only_the_penalty_acts_on_masked_tokens():
-    """Every masked response clipped (its policy term has no gradient) while the penalty pulls: +inf, not 0.
+def test_penalty_grad_share_is_one_when_only_the_penalty_acts_on_masked_tokens():
+    """Every masked response clipped (its policy term has no gradient) while the penalty pulls: the penalty is all
+    the gradient there is on the masked tokens, share 1 (finite), and every masked token is clipped.
     Every log-prob rose by 0.1, so the positive-advantage responses (the masked ones) are above 1 + e_high."""
     batch = random_batch(seed=5, batch_size=6, max_len=8)
     log_prob = (batch.old_log_prob + 0.1).requires_grad_(True)
@@ -226,4 +230,5 @@ def test_penalty_grad_ratio_is_infinite_when_only_the_penalty_acts_on_masked_tok
     _, ref_metrics = reference_tepo(log_prob, batch.old_log_prob, batch.advantages, batch.response_mask,
                                     lo=0.01, hi=0.01, opts=opts)
     assert out.mask.any() and out.metrics["token_clipfrac"] == out.metrics["mask_frac"]  # the masked ones
-    assert out.metrics["penalty_grad_ratio"] == ref_metrics["penalty_grad_ratio"] == float("inf")
+    assert out.metrics["penalty_grad_share"] == ref_metrics["penalty_grad_share"] == 1.0
+    assert out.metrics["masked_clipfrac"] == ref_metrics["masked_clipfrac"] == 1.0

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tepo_verl.core import MASK_RULES, TepoOptions
 from tepo_verl.core.options import CHOICES
-from tepo_verl.verl_adapter.registry import TEPO_METRICS
+from tepo_verl.verl_adapter.registry import ON_POLICY_METRICS, TEPO_METRICS
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -47,7 +47,7 @@ def test_mask_rule_table_in_the_docs_matches_the_code():
 
 def test_metrics_table_in_the_docs_lists_the_logged_tepo_metrics():
     rows = _table_after((REPO / "docs/algorithm.md").read_text(), "## Metrics (each step, under `actor/tepo/`)")
-    assert [row[0] for row in rows] == list(TEPO_METRICS)
+    assert [row[0] for row in rows] == [*TEPO_METRICS, *(f"onpolicy_{name}" for name in ON_POLICY_METRICS)]
 
 
 def _metric_names(cell: str) -> list[str]:

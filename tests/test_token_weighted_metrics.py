@@ -24,11 +24,13 @@ from verl.workers.engine.utils import postprocess_batch_func, prepare_micro_batc
 from verl.workers.utils import losses
 from verl_config import actor_config
 
-from tepo_verl.verl_adapter.ratio_metric import RatioMetric
+from tepo_verl.verl_adapter.ratio_metric import FirstMiniBatchMetric, RatioMetric
 
-RATIOS = ("mask_frac", "mask_frac_positive", "masked_kl_mean", "penalty_grad_ratio", "seq_ratio_mean",
-          "seq_clipfrac", "entropy", "entropy_delta", "surprisal_disagreement", "token_log_ratio_abs_mean")
-EXTREMES = ("seq_ratio_min", "seq_ratio_max", "token_log_ratio_abs_max")
+RATIOS = ("mask_frac", "mask_frac_positive", "masked_kl_mean", "penalty_grad_share", "masked_clipfrac",
+          "seq_ratio_mean", "seq_clipfrac", "entropy", "entropy_delta", "surprisal_disagreement",
+          "token_log_ratio_abs_mean")
+EXTREMES = ("seq_ratio_min", "seq_ratio_max", "token_log_ratio_abs_max", "seq_log_ratio_abs_max")
+ON_POLICY = ("token_log_ratio_abs_max", "seq_log_ratio_abs_max")
 LENGTHS = [1, 12, 3, 12, 2, 9, 1, 11, 4, 12, 7, 1]  # responses of very different lengths
 PROMPT_LENS = [2, 3, 1, 4, 2, 2, 3, 1, 2, 4, 1, 3]
 
@@ -149,6 +151,48 @@ def test_a_steps_logged_metrics_weigh_its_mini_batches_by_their_tokens():
     assert step["tepo/mask_frac_positive"] == pytest.approx(expected["mask_frac_positive"], rel=1e-10)
     for name in RATIOS + EXTREMES:
         assert step[f"tepo/{name}"] == pytest.approx(expected[name], rel=1e-10, abs=1e-13), name
+
+
+def test_the_on_policy_metrics_are_the_first_mini_batchs_alone():
+    """Three mini-batches of one step on two data-parallel ranks: the first on-policy (l = l_old up to a tiny
+    noise), the later ones drifted, as after optimizer steps. `tepo/onpolicy_*` are the float64 reference's extremes
+    over the first mini-batch's responses (both ranks), the plain extremes over the whole step's."""
+    config = tepo_config()
+    batch = the_batch()
+    noise = 1e-7 * torch.randn(batch.log_prob.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    on_policy = list(range(4))
+    with torch.no_grad():
+        batch.log_prob[on_policy] = batch.old_log_prob[on_policy] + noise[on_policy]
+    per_mini_batch = []
+    for rows in (on_policy, [4, 5, 6, 7], [8, 9, 10, 11]):
+        tokens = int(batch.response_mask[rows].sum())
+        ranks = [rows[0::2], rows[1::2]]
+        datas = [rank_data(batch, r, dp_size=2, tokens=tokens, max_token_len=20) for r in ranks]
+        n_micro = max(len(prepare_micro_batches(data)[0]) for data in datas)
+        per_rank = [rank_metrics(config, batch, r, data, n_micro)[0] for r, data in zip(ranks, datas, strict=True)]
+        per_mini_batch.append(worker_reduction(per_rank))
+    step = step_values(per_mini_batch)
+
+    sub = type(batch)(**{k: getattr(batch, k)[on_policy] for k in vars(batch)})
+    first, whole = reference_metrics(sub, config), reference_metrics(batch, config)
+    for name in ON_POLICY:
+        assert 0 < step[f"tepo/onpolicy_{name}"] == pytest.approx(first[name], rel=1e-10), name
+        assert step[f"tepo/onpolicy_{name}"] < 1e-6 < step[f"tepo/{name}"] == pytest.approx(whole[name], rel=1e-10)
+
+
+def test_first_mini_batch_metric_is_unknown_outside_verls_mini_batch_reduction():
+    """Values that never went through aggregate_dp belong to no mini-batch: NaN (logged as unknown), never a max
+    over the wrong updates; a sealed step survives pickling, as verl ships it from the worker to the driver."""
+    loose = FirstMiniBatchMetric(value=0.5)
+    loose.append(FirstMiniBatchMetric(value=0.7))
+    assert loose.values == [0.5, 0.7] and loose.aggregate() != loose.aggregate()  # NaN
+    step = FirstMiniBatchMetric().init_list()
+    step.append(Metric.aggregate_dp([FirstMiniBatchMetric(value=2e-7), FirstMiniBatchMetric(value=3e-7)]))
+    step.append(Metric.aggregate_dp([FirstMiniBatchMetric(value=0.4), FirstMiniBatchMetric(value=0.1)]))
+    shipped = pickle.loads(pickle.dumps(step))
+    assert shipped.mini_batches == [[2e-7, 3e-7], [0.4, 0.1]] and shipped.aggregate() == 3e-7
+    with pytest.raises(ValueError, match="cannot merge"):
+        step.append(Metric("max", 1.0))
 
 
 def test_ratio_metric_merges_and_reduces_as_a_ratio_of_sums():

@@ -9,7 +9,6 @@ whole mini-batch, weighted by tokens as the loss is (not the unweighted mean of 
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import torch
 
@@ -18,8 +17,8 @@ from tepo_verl.core.mask import entropy_falling
 
 @dataclasses.dataclass(frozen=True)
 class Ratio:
-    """num / den, two sums over one micro-batch; where den == 0, `empty` if num == 0 too (nothing to measure), else
-    +-inf (only penalty_grad_ratio can get there: a penalty on masked tokens whose policy term is all clipped)."""
+    """num / den, two sums over one micro-batch; `empty` where den == 0 (nothing to measure). Each ratio below has a
+    den that is 0 only where its num is 0 too, so none is ever infinite."""
 
     num: float
     den: float
@@ -31,9 +30,7 @@ class Ratio:
 
 
 def ratio_value(num: float, den: float, empty: float) -> float:
-    if den:
-        return num / den
-    return math.copysign(math.inf, num) if num else empty
+    return num / den if den else empty
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +74,7 @@ def loss_metrics(
         "kl_masked": torch.where(mask, kl, 0).sum(),
         "penalty_grad_masked": torch.where(mask, penalty_grad.abs(), 0).sum(),
         "policy_grad_masked": torch.where(mask, policy_grad.abs(), 0).sum(),
+        "n_masked_clipped": (mask & clipped).sum(),
         "n_seq": nonempty.sum(),
         "n_seq_clipped": clipped.any(dim=-1).sum(),
         "n_clipped": clipped.sum(),
@@ -87,6 +85,7 @@ def loss_metrics(
         "ratio_sum": seq_ratio.sum(),
         "ratio_min": seq_ratio.min() if seq_ratio.numel() else one,
         "ratio_max": seq_ratio.max() if seq_ratio.numel() else one,
+        "seq_log_ratio_abs_max": seq_log_ratio[nonempty].abs().max() if seq_ratio.numel() else 0 * one,
     }
     if entropy is not None:
         sums["entropy"] = entropy.sum()
@@ -101,7 +100,8 @@ def loss_metrics(
         "mask_frac": Ratio(v["n_masked"], v["n_valid"]),
         "mask_frac_positive": Ratio(v["n_masked_positive"], v["n_positive"]),
         "masked_kl_mean": Ratio(v["kl_masked"], v["n_masked"]),
-        "penalty_grad_ratio": Ratio(v["penalty_grad_masked"], v["policy_grad_masked"]),
+        "penalty_grad_share": Ratio(v["penalty_grad_masked"], v["penalty_grad_masked"] + v["policy_grad_masked"]),
+        "masked_clipfrac": Ratio(v["n_masked_clipped"], v["n_masked"]),
         "seq_ratio_mean": Ratio(v["ratio_sum"], v["n_seq"], 1.0),
         "seq_clipfrac": Ratio(v["n_seq_clipped"], v["n_seq"]),
         "token_clipfrac": Ratio(v["n_clipped"], v["n_valid"]),
@@ -115,5 +115,6 @@ def loss_metrics(
             ratios["entropy_delta"] = Ratio(v["entropy"] - v["old_entropy"], v["n_valid"])
             ratios["surprisal_disagreement"] = Ratio(v["n_disagree"], v["n_valid"])
     extremes = {"seq_ratio_min": (v["ratio_min"], "min"), "seq_ratio_max": (v["ratio_max"], "max"),
-                "token_log_ratio_abs_max": (v["abs_log_ratio_max"], "max")}
+                "token_log_ratio_abs_max": (v["abs_log_ratio_max"], "max"),
+                "seq_log_ratio_abs_max": (v["seq_log_ratio_abs_max"], "max")}
     return LossMetrics(ratios=ratios, extremes=extremes)

@@ -34,7 +34,6 @@ from tepo_verl.report.runs import (
     MASK_FRAC,
     MASK_FRAC_POSITIVE,
     MASKED_KL,
-    PENALTY_GRAD_RATIO,
     RESPONSE_LENGTH,
     RESPONSES_GENERATED,
     REWARD,
@@ -52,8 +51,8 @@ PLOTS = {
     "masked_kl": ("TEPO masked KL (actor/tepo/masked_kl_mean)", lambda run: run.series(MASKED_KL)),
     "mask_share_positive": ("TEPO: share of positive-advantage tokens masked (actor/tepo/mask_frac_positive)",
                             lambda run: run.series(MASK_FRAC_POSITIVE)),
-    "penalty_strength": ("TEPO: penalty / policy-term mean |gradient| on masked tokens (actor/tepo/penalty_grad_ratio)",
-                         lambda run: run.series(PENALTY_GRAD_RATIO)),
+    "penalty_strength": ("TEPO: the penalty's share of the |gradient| on masked tokens (actor/tepo/penalty_grad_share)",
+                         Run.penalty_strength),
 }
 
 #: Per-run quantities that get a seed mean with a bootstrap interval, and a paired difference against the reference.
@@ -137,7 +136,7 @@ def run_row(run: Run, target: float) -> dict:
         "kl_mask_fraction": _mean_of(run.series(MASK_FRAC)),
         "mask_share_positive": _mean_of(run.series(MASK_FRAC_POSITIVE)),
         "masked_kl": _mean_of(run.series(MASKED_KL)),
-        "penalty_strength": _mean_of(run.series(PENALTY_GRAD_RATIO)),
+        "penalty_strength": _mean_of(run.penalty_strength()),
         "clip_fraction": _mean_of(run.series(CLIP_FRAC)),
     }
 

@@ -33,8 +33,11 @@ MASK_FRAC = "actor/tepo/mask_frac"
 MASKED_KL = "actor/tepo/masked_kl_mean"
 #: TEPO: the share of positive-advantage tokens that the KL mask selects
 MASK_FRAC_POSITIVE = "actor/tepo/mask_frac_positive"
-#: TEPO: mean |d penalty / d l| over mean |d policy term / d l| on the masked tokens (the penalty's strength)
-PENALTY_GRAD_RATIO = "actor/tepo/penalty_grad_ratio"
+#: TEPO: the penalty's share of the |gradient| on the masked tokens, 0 to 1 (the penalty's strength)
+PENALTY_GRAD_SHARE = "actor/tepo/penalty_grad_share"
+#: What runs logged before PENALTY_GRAD_SHARE: penalty over policy term, infinite on a step (its value the mean over
+#: micro-batches then) with a micro-batch whose masked tokens were all clipped. Read for those runs only.
+OLDER_PENALTY_GRAD_RATIO = "actor/tepo/penalty_grad_ratio"
 VAL_CORE = re.compile(r"^val-core/(?P<source>.+)/(?P<var>acc|reward)/mean@\d+$")
 
 _SEED_SUFFIX = re.compile(r"[-_.]?(seed|s)(?P<seed>\d+)$")
@@ -59,6 +62,10 @@ class Run:
 
     def series(self, name: str) -> list[tuple[int, float]]:
         return [(s, m[name]) for s, m in sorted(self.metrics.items()) if _finite(m.get(name))]
+
+    def penalty_strength(self) -> list[tuple[int, float]]:
+        """PENALTY_GRAD_SHARE per step; for a run that predates it, the older ratio on its finite steps."""
+        return self.series(PENALTY_GRAD_SHARE) or self.series(OLDER_PENALTY_GRAD_RATIO)
 
     def val_accuracy(self) -> list[tuple[int, float]]:
         """Mean over data sources of verl's core validation metric (acc if logged, else reward) per step."""

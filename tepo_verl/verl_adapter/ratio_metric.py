@@ -14,7 +14,13 @@ then collects the step's mini-batches into one RatioMetric (`append_to_dict` mer
 driver's `reduce_metrics` reduces a Metric with its own `aggregate()`: the logged value is the ratio over the
 whole step, every mini-batch and epoch weighted by its tokens. (Averaging per-mini-batch values instead would
 count a mini-batch where a ratio is undefined, say one with no positive-advantage token, as 0.) Every other metric
-is reduced by verl's own code unchanged. The verl contract (contract.py, "step metric reduction") checks at load
+is reduced by verl's own code unchanged.
+
+A `FirstMiniBatchMetric` reduces to its statistic (MIN or MAX) over the step's first mini-batch alone: the
+on-policy update, where l = l_old up to numerical noise. Its values accumulate per micro-batch on each rank;
+`aggregate_dp` seals the ranks' values of one mini-batch into one group, and the step keeps its groups in the
+order verl ran them, so `aggregate()` reads the first. (A value that never went through `aggregate_dp` belongs to
+no mini-batch: the aggregate is then NaN, logged as unknown, never a statistic over the wrong updates.) The verl contract (contract.py, "step metric reduction") checks at load
 time that verl still carries a Metric from the worker to the driver this way.
 """
 
@@ -55,6 +61,47 @@ class RatioMetric(Metric):
         return ratio_value(sum(n for n, _ in self.values), sum(d for _, d in self.values), self.empty)
 
 
+class FirstMiniBatchMetric(Metric):
+    """Micro-batch values (floats) until `aggregate_dp` seals one mini-batch's into a group; the aggregate is the
+    statistic over the first group (the step's first, on-policy, update), NaN when there is none."""
+
+    def __init__(self, aggregation: AggregationType = AggregationType.MAX, value: float | None = None) -> None:
+        super().__init__(aggregation=aggregation)
+        self.mini_batches: list[list[float]] = []  # sealed groups, in the order verl ran the mini-batches
+        if value is not None:
+            self.append(value)
+
+    def append(self, value) -> None:
+        if isinstance(value, FirstMiniBatchMetric):
+            if value.aggregation != self.aggregation:
+                raise ValueError(f"aggregation mismatch: {self.aggregation} != {value.aggregation}")
+            self.mini_batches.extend(value.mini_batches)
+            self.values.extend(value.values)
+        elif isinstance(value, Metric):
+            raise ValueError(f"cannot merge a {type(value).__name__} into a FirstMiniBatchMetric")
+        else:
+            self.values.append(float(value))
+
+    def extend(self, values) -> None:
+        for value in [values] if isinstance(values, Metric) else values:
+            self.append(value)
+
+    def init_list(self) -> FirstMiniBatchMetric:
+        return FirstMiniBatchMetric(self.aggregation)
+
+    def aggregate(self) -> float:
+        if not self.mini_batches:
+            return float("nan")
+        return float(self._aggregate(self.mini_batches[0], self.aggregation))
+
+
+def sealed(metrics: list[FirstMiniBatchMetric]) -> FirstMiniBatchMetric:
+    """One group holding every rank's values of one mini-batch."""
+    out = metrics[0].init_list()
+    out.mini_batches.append([value for metric in metrics for value in metric.values])
+    return out
+
+
 def merged(metrics: list[RatioMetric]) -> RatioMetric:
     """One RatioMetric holding every value of `metrics` (the ranks' of one mini-batch)."""
     out = metrics[0].init_list()
@@ -66,6 +113,8 @@ def merged(metrics: list[RatioMetric]) -> RatioMetric:
 def _aggregate_dp(cls, metric_lists):
     if metric_lists and isinstance(metric_lists[0], RatioMetric):
         return merged(metric_lists)  # reduced by the driver's reduce_metrics, over the whole step
+    if metric_lists and isinstance(metric_lists[0], FirstMiniBatchMetric):
+        return sealed(metric_lists)  # one mini-batch, kept apart from the step's others
     return _aggregate_dp.stock(cls, metric_lists)
 
 

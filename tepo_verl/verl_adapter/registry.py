@@ -15,7 +15,7 @@ from tepo_verl.core.loss import MissingInputError, TepoLossOutput, tepo_policy_l
 from tepo_verl.core.mask import MASK_INPUTS
 from tepo_verl.verl_adapter.actor_loss import current_extras
 from tepo_verl.verl_adapter.config import TEPO_ADV_ESTIMATOR, TEPO_LOSS_MODE, clip_ratios, tepo_options
-from tepo_verl.verl_adapter.ratio_metric import RatioMetric
+from tepo_verl.verl_adapter.ratio_metric import FirstMiniBatchMetric, RatioMetric
 
 #: What provides the reference log-probs (kl_target=ref); the mask rules' tensors are in core.mask.MASK_INPUTS.
 REF_LOG_PROB_PROVIDER = ("the reference log-probs: a reference model, i.e. actor_rollout_ref.actor.use_kl_loss=True "
@@ -105,9 +105,13 @@ def compute_policy_loss_tepo(
 
 
 #: The core metrics logged as `tepo/<name>` (docs/plugin.md "Metrics"); the ratios are token- (or response-) weighted.
-TEPO_METRICS = ("mask_frac", "mask_frac_positive", "masked_kl_mean", "penalty_grad_ratio", "seq_ratio_mean",
-                "seq_clipfrac", "entropy", "entropy_delta", "surprisal_disagreement", "token_log_ratio_abs_mean",
-                "seq_ratio_min", "seq_ratio_max", "token_log_ratio_abs_max")
+TEPO_METRICS = ("mask_frac", "mask_frac_positive", "masked_kl_mean", "penalty_grad_share", "masked_clipfrac",
+                "seq_ratio_mean", "seq_clipfrac", "entropy", "entropy_delta", "surprisal_disagreement",
+                "token_log_ratio_abs_mean", "seq_ratio_min", "seq_ratio_max", "token_log_ratio_abs_max",
+                "seq_log_ratio_abs_max")
+#: Extremes also logged as `tepo/onpolicy_<name>`: over the step's first mini-batch alone, the on-policy update,
+#: where they measure the numerical noise of l - l_old (through the ppo_loss adapter only).
+ON_POLICY_METRICS = ("token_log_ratio_abs_max", "seq_log_ratio_abs_max")
 _EXTREME_AGGREGATION = {"min": AggregationType.MIN, "max": AggregationType.MAX}
 
 
@@ -116,7 +120,7 @@ def verl_metrics(out: TepoLossOutput, extras) -> dict[str, Any]:
 
     Through the ppo_loss adapter (`extras` given) every `tepo/` ratio goes out as a RatioMetric of its two sums and
     the extremes with MIN/MAX aggregation, so that verl's reduction over micro-batches, ranks and mini-batches
-    gives the step's value. verl's own `actor/` names keep verl's convention (the mean of per-micro-batch values, as
+    gives the step's value; ON_POLICY_METRICS also as `tepo/onpolicy_<name>`, the first mini-batch's value. verl's own `actor/` names keep verl's convention (the mean of per-micro-batch values, as
     every verl loss logs them), so they stay comparable across loss modes. Called without the adapter (verl's
     registry alone), every metric is this micro-batch's plain value.
     """
@@ -139,4 +143,6 @@ def verl_metrics(out: TepoLossOutput, extras) -> dict[str, Any]:
         else:
             value, kind = parts.extremes[name]
             extras.metrics[f"tepo/{name}"] = Metric(aggregation=_EXTREME_AGGREGATION[kind], value=value)
+            if name in ON_POLICY_METRICS:
+                extras.metrics[f"tepo/onpolicy_{name}"] = FirstMiniBatchMetric(_EXTREME_AGGREGATION[kind], value)
     return metrics
