@@ -105,7 +105,7 @@ def gpu_like_metrics(noise_std: float, steps: int = 12, seed: int = 0, **overrid
             "actor/tepo/seq_ratio_max": float(np.exp(seq_log_ratio.max())),
             "actor/tepo/seq_ratio_min": float(np.exp(seq_log_ratio.min())),
             "actor/tepo/mask_frac": 0.2, "actor/tepo/mask_frac_positive": 0.4,
-            "actor/tepo/penalty_grad_ratio": 0.3, "actor/tepo/mask_rule/surprisal_old": 1.0,
+            "actor/tepo/penalty_grad_share": 0.3, "actor/tepo/mask_rule/surprisal_old": 1.0,
             "actor/tepo/mask_fallback_used": 0.0,
             "tepo_verl/entropy_token_mean": 0.6 - 0.01 * step,
             "response_length/clip_ratio": 0.01, "response_length/max": 3000.0,
@@ -183,12 +183,13 @@ def test_a_committed_study_record_gives_the_runs_precision(tmp_path, capsys):
                                                   "command": record["command"].replace("float32", precision)}))
         _, lines = run_doctor(capsys, run)
         assert status(lines["log-prob dtype"]) == expected and f"] log-prob dtype: {dtype}," in lines["log-prob dtype"]
-    # the committed run itself (docs/doctor.md): float32, the drift of 8 updates a step not read as noise, and
-    # at kl_coef=1 a mask over nearly every positive token with a weak penalty: notes, as the default does
+    # the committed run itself (docs/doctor.md): float32, the drift of 8 updates a step not read as noise, a mask
+    # over nearly every positive token (a note, as the default does), and the penalty's strength unknown: the run
+    # logged the older penalty_grad_ratio, which the doctor does not read
     _, lines = run_doctor(capsys, source)
     assert status(lines["log-prob dtype"]) == "ok" and status(lines["on-policy noise"]) == "unknown"
     assert status(lines["TEPO mask"]) == "note" and "nearly every positive token by design" in lines["TEPO mask"]
-    assert status(lines["TEPO penalty strength"]) == "note" and "weak, as at the default" in lines[
+    assert status(lines["TEPO penalty strength"]) == "unknown" and "penalty_grad_share not logged" in lines[
         "TEPO penalty strength"]
     # with the precision only in the command (no regime), the command's assignment is read
     (run / "run.json").write_text(json.dumps({**record, "regime": {}}))
@@ -204,7 +205,7 @@ def test_a_committed_study_record_gives_the_runs_precision(tmp_path, capsys):
     ({"actor/tepo/mask_fallback_used": lambda s: float(s > 6), "actor/tepo/mask_rule/surprisal_old": 0.0,
       "actor/tepo/mask_rule/off": lambda s: float(s > 6)}, "mask rule", "FAIL", "fell back"),
     ({"actor/tepo/mask_frac_positive": 0.001}, "TEPO mask", "warn", "almost never acts"),
-    ({"actor/tepo/penalty_grad_ratio": 5.0}, "TEPO penalty strength", "warn", "lower actor_rollout_ref.actor"),
+    ({"actor/tepo/penalty_grad_share": 0.8}, "TEPO penalty strength", "warn", "lower actor_rollout_ref.actor"),
 ])
 def test_each_problem_gets_its_line_and_fix(overrides, check, expected, fragment, tmp_path, capsys):
     run = write_run(tmp_path / "run", gpu_like_metrics(1e-6, **overrides))
@@ -217,15 +218,15 @@ def test_each_problem_gets_its_line_and_fix(overrides, check, expected, fragment
 
 
 @pytest.mark.parametrize("overrides, expected, fragment", [
-    ((), "note", "median 0.005: weak, as at the default kl_coef 1; in the float32 study 10 changed nothing"),
-    (("actor_rollout_ref.actor.policy_loss.tepo.kl_coef=10",), "note", "weak, as at the default kl_coef 1"),
+    ((), "note", "median 0.005: weak, as it is at the default kl_coef 1; before raising it, read docs/algorithm.md#"),
+    (("actor_rollout_ref.actor.policy_loss.tepo.kl_coef=10",), "note", "weak, as it is at the default kl_coef 1"),
     (("actor_rollout_ref.actor.policy_loss.tepo.kl_coef=0.1",), "warn", "the penalty barely moves the update -> "
      "fix: raise actor_rollout_ref.actor.policy_loss.tepo.kl_coef (now 0.1) toward the default 1"),
 ])
 def test_a_weak_penalty_warns_only_below_the_default_kl_coef(overrides, expected, fragment, tmp_path, capsys):
-    """The dose arms found no coefficient better than the default (docs/algorithm.md), so at or above it a weak
-    penalty is a note with nothing to fix; below it, a warning whose fix goes back up."""
-    run = write_run(tmp_path / "run", gpu_like_metrics(1e-6, **{"actor/tepo/penalty_grad_ratio": 0.005}))
+    """At or above the default kl_coef a weak penalty is a note that links the docs (where the float32 study's dose
+    arms are), with nothing to fix; below it, a warning whose fix goes back up."""
+    run = write_run(tmp_path / "run", gpu_like_metrics(1e-6, **{"actor/tepo/penalty_grad_share": 0.005}))
     gpu_config(run, *overrides)
     code, lines = run_doctor(capsys, run)
     line = lines["TEPO penalty strength"]
@@ -309,3 +310,49 @@ def test_bad_input_is_one_line(setup, argv, fragment, tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "Traceback" not in err
     assert fragment.replace("{tmp}", str(tmp_path)) in err, err
+
+
+# ---- the doctor reads what the plugin and verl log ------------------------------------------------------------------
+
+def metrics_the_loss_logs() -> set[str]:
+    """Every metric name the adapted loss logs for a TEPO step (both entropies given), as verl's trainer names it
+    (`actor/` + the worker's key): one two-mini-batch step through verl's real ppo_loss, the engine's and the
+    worker's collection and the driver's reduction (tests/test_token_weighted_metrics.py's helpers)."""
+    from test_token_weighted_metrics import rank_data, rank_metrics, step_values, tepo_config, the_batch, \
+        worker_reduction
+    from verl.utils.metric import reduce_metrics
+    from verl.utils.py_functional import append_to_dict
+
+    config, batch = tepo_config(), the_batch()
+    per_mini_batch = []
+    for rows in (list(range(6)), list(range(6, 12))):
+        data = rank_data(batch, rows, dp_size=1, tokens=int(batch.response_mask[rows].sum()), max_token_len=20)
+        per_mini_batch.append(worker_reduction([rank_metrics(config, batch, rows, data, 2)[0]]))
+    collected: dict = {}
+    for output in per_mini_batch:
+        append_to_dict(collected, output)
+    assert step_values(per_mini_batch)  # the tepo/ part reduces
+    return {key if key.startswith("actor/") else f"actor/{key}" for key in reduce_metrics(collected)}
+
+
+def metrics_verl_logged() -> set[str]:
+    """The names verl's real trainer logged on the committed float32 study runs (a TEPO run and a DAPO run, whose
+    dynamic sampling logs the filter's metrics), the plugin's run metrics included."""
+    names: set[str] = set()
+    for arm in ("tepo-seed1", "dapo-seed1"):
+        for line in (RUNS.parent / "cpu-chain" / arm / "metrics.jsonl").read_text().splitlines():
+            names |= set(json.loads(line)["data"])
+    return names
+
+
+def test_the_doctor_reads_only_metrics_that_something_logs():
+    """Every name the doctor reads is logged: an `actor/tepo/` name by the plugin's loss as it is now, any other by
+    verl's trainer on a real run. (It once read actor/tepo/seq_log_ratio_abs_max and onpolicy_* names that nothing
+    logged, so the on-policy noise check said "unknown" on every multi-update run.)"""
+    loss, verl = metrics_the_loss_logs(), metrics_verl_logged()
+    read = {name for names in doctor.METRICS.values() for name in names}
+    assert {name for name in read if name.startswith("actor/tepo/") and name not in loss} == set()
+    assert {name for name in read if not name.startswith("actor/tepo/") and name not in verl} == set()
+    assert any(doctor.ON_POLICY_ONLY in name for name in read & loss)  # the multi-update noise check has its metric
+    assert {name for name in loss if name.startswith(doctor.MASK_RULE_PREFIX)} == {
+        f"{doctor.MASK_RULE_PREFIX}surprisal_old"}  # the mask-rule check's family, read by prefix

@@ -48,7 +48,7 @@ METRICS: dict[str, tuple[str, ...]] = {
     "seq_ratio_min": ("actor/tepo/seq_ratio_min",),
     "mask_frac": (MASK_FRAC,),
     "mask_frac_positive": ("actor/tepo/mask_frac_positive",),
-    "penalty_grad_ratio": ("actor/tepo/penalty_grad_ratio",),
+    "penalty_grad_share": ("actor/tepo/penalty_grad_share",),
     "mask_fallback": ("actor/tepo/mask_fallback_used",),
     "entropy": (ENTROPY, VERL_ENTROPY),
     "response_clip": ("response_length/clip_ratio",),
@@ -60,7 +60,8 @@ METRICS: dict[str, tuple[str, ...]] = {
     "evicted": ("training/filter_groups/evicted_samples",),
     "rollout_probs_diff": ("training/rollout_probs_diff_mean",),
     # the on-policy update's numerical noise (NOISE_LEVELS): |log-ratio| statistics of the step's updates, which
-    # are that noise only when the step has one update, or of the on-policy update alone (ON_POLICY_ONLY names)
+    # are that noise only when the step has one update, or of the step's first (on-policy) mini-batch alone, which
+    # the loss logs as well (ON_POLICY_ONLY names)
     "noise_sequence": ("actor/tepo/seq_log_ratio_abs_max", "actor/tepo/onpolicy_seq_log_ratio_abs_max"),
     "noise_token": ("actor/tepo/token_log_ratio_abs_max", "actor/tepo/onpolicy_token_log_ratio_abs_max",
                     "actor/tepo/token_log_ratio_abs_mean"),
@@ -79,7 +80,7 @@ NOISE_WARN = 0.1  # on-policy noise above this share of the clip range: the clip
 ENTROPY_COLLAPSE, ENTROPY_FALLING = 0.1, 0.5  # end/start entropy below these
 TRUNCATED_WARN, TRUNCATED_FAIL = 0.05, 0.5  # share of responses at the length cap, last quarter of the run
 MASK_POSITIVE_LOW, MASK_POSITIVE_HIGH = 0.01, 0.9
-PENALTY_WEAK, PENALTY_STRONG = 0.01, 1.0
+PENALTY_WEAK, PENALTY_STRONG = 0.01, 0.5  # the penalty's share of the |gradient| on masked tokens
 NOISE_FIX = (f"widen the clip range past the noise, or cut the noise: a float32 actor ({FLOAT32_OVERRIDES[0]} and "
              "the same for ref), VERL_DISABLE_FLASH_ATTN_CE=1 (flash-attn's cross-entropy is not deterministic)")
 
@@ -422,8 +423,8 @@ def check_mask(ev: Evidence) -> Finding:
     rule = ev.mask_rule()
     if share > MASK_POSITIVE_HIGH and rule in BROAD_BY_RULE:
         return Finding("note", name, f"{text}: mask_rule={rule} selects nearly every positive token "
-                       f"{BROAD_BY_RULE[rule]}, and in the float32 study no narrower selection did differently "
-                       "(docs/algorithm.md#what-the-float32-study-says-about-the-masks-selection)")
+                       f"{BROAD_BY_RULE[rule]}; what a narrower selection does: "
+                       "docs/algorithm.md#what-the-float32-study-says-about-the-masks-selection")
     return _band(name, text, share, MASK_POSITIVE_LOW, MASK_POSITIVE_HIGH,
                  ("the penalty almost never acts, TEPO is its policy term alone",
                   "check mask_rule and the old entropy (mask_rule=surprisal_old reads the stored one)"),
@@ -432,21 +433,20 @@ def check_mask(ev: Evidence) -> Finding:
 
 
 def check_penalty(ev: Evidence) -> Finding:
-    """A weak penalty is a note at or above the default kl_coef (the float32 study's dose arms found no better one:
-    docs/algorithm.md), a warning below it."""
+    """A weak penalty is a note at or above the default kl_coef (what a stronger one does is in the docs), a warning
+    below it."""
     name = "TEPO penalty strength"
-    ratios = _tepo_values(ev, name, "penalty_grad_ratio", "the penalty's gradient against the policy term's")
-    if isinstance(ratios, Finding):
-        return ratios
-    ratio = _median(ratios)
-    text = f"penalty/policy-term mean |grad| on masked tokens: median {ratio:.3g}"
+    shares = _tepo_values(ev, name, "penalty_grad_share", "the penalty's share of the gradient on masked tokens")
+    if isinstance(shares, Finding):
+        return shares
+    share = _median(shares)
+    text = f"the penalty's share of the |gradient| on masked tokens: median {share:.3g}"
     kl_coef, default = ev.setting(KL_COEF), TepoOptions().kl_coef
     lowered = isinstance(kl_coef, int | float) and kl_coef < default
-    if ratio < PENALTY_WEAK and not lowered:
-        return Finding("note", name, f"{text}: weak, as at the default kl_coef {default:g}; in the float32 study "
-                       "10 changed nothing and 100 held learning back "
-                       "(docs/algorithm.md#what-the-float32-study-says-about-kl_coef)")
-    return _band(name, text, ratio, PENALTY_WEAK, PENALTY_STRONG,
+    if share < PENALTY_WEAK and not lowered:
+        return Finding("note", name, f"{text}: weak, as it is at the default kl_coef {default:g}; before raising "
+                       "it, read docs/algorithm.md#what-the-float32-study-says-about-kl_coef")
+    return _band(name, text, share, PENALTY_WEAK, PENALTY_STRONG,
                  ("the penalty barely moves the update", f"raise {KL_COEF} (now {kl_coef}) toward the default "
                   f"{default:g}"),
                  ("the penalty outweighs the policy term where it acts", f"lower {KL_COEF}"))
