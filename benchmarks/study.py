@@ -84,6 +84,15 @@ class Comparison:
 
 
 @dataclasses.dataclass(frozen=True)
+class Contrast:
+    """One planned contrast of a study's primary metric: `reference` minus `arm`, paired by seed."""
+
+    reference: str
+    arm: str
+    question: str  # what it answers, in a few words (the page's table)
+
+
+@dataclasses.dataclass(frozen=True)
 class Study:
     name: str
     regime: dict[str, str]  # recipes/cpu.sh's environment for every run
@@ -93,6 +102,12 @@ class Study:
     target: float  # the validation accuracy whose first crossing is "steps to target"
     comparisons: dict[str, Comparison]  # the page's tables, each by its folder under <results>/compare/
     superseded: str = ""  # why the study takes no new runs ("" while it is current)
+    folder: str = ""  # its results folder under the results root ("": its name); studies of one regime share one
+    contrasts: tuple[Contrast, ...] = ()  # the plan's contrasts, called with Holm's rule (CONTRAST_ALPHA) over them
+
+    @property
+    def results_name(self) -> str:
+        return self.folder or self.name
 
     @property
     def page_begin(self) -> str:
@@ -164,6 +179,41 @@ CHAIN = Study(
     },
 )
 
+# ------------------------------------------------------------- cpu-chain-clipband (the sequence ratio's clip band)
+
+#: The clip band's wider level (GSPO's 3e-4/4e-4 times 100); the names the first study's ablations used.
+WIDE_BAND = ("0.03", "0.04")
+#: The clip band's question, pre-registered in docs/results.md ("The clip band"): is it the sequence ratio, or its
+#: 3e-4/4e-4 clip band, that puts TEPO and GSPO behind GRPO on the chain test bed? Same regime, same seeds, beside
+#: the float32 study's committed runs, which are its references.
+CLIPBAND = Study(
+    name="cpu-chain-clipband",
+    folder=CHAIN.name,
+    regime=CHAIN.regime,
+    common_overrides=CHAIN.common_overrides,
+    arms=(
+        Arm("tepo-clip3e-2", "tepo", _clip(*WIDE_BAND), "clipband", "tepo with clip 3e-2/4e-2"),
+        Arm("gspo-clip3e-2", "gspo", _clip(*WIDE_BAND), "clipband", "gspo with clip 3e-2/4e-2"),
+    ),
+    seeds={"clipband": tuple(range(1, 11))},
+    target=CHAIN.target,
+    comparisons={"clipband": Comparison("clipband", "The clip band: tepo and gspo at 3e-2/4e-2, with tepo, gspo "
+                                                    "(3e-4/4e-4) and grpo beside them",
+                                        beside=("tepo", "gspo", "grpo"), reference="tepo-clip3e-2")},
+    contrasts=(
+        Contrast("tepo-clip3e-2", "tepo", "widening the band, TEPO"),
+        Contrast("gspo-clip3e-2", "gspo", "widening the band, GSPO"),
+        Contrast("grpo", "tepo-clip3e-2", "GRPO's lead over TEPO at the wide band"),
+        Contrast("grpo", "gspo-clip3e-2", "GRPO's lead over GSPO at the wide band"),
+        Contrast("tepo-clip3e-2", "gspo-clip3e-2", "TEPO against GSPO at the wide band"),
+    ),
+)
+#: The clip band's manipulation check: an arm's seed-mean clip fraction (actor/pg_clipfrac) below this means the
+#: wide band unbound it.
+UNBOUND_CLIP_FRACTION = 0.05
+#: Holm's family-wise error rate over a study's contrasts.
+CONTRAST_ALPHA = 0.05
+
 # ------------------------------------------------------------------------------ cpu-scratchpad (superseded, bf16)
 
 SCRATCHPAD = Study(
@@ -202,7 +252,7 @@ SCRATCHPAD = Study(
                "replaces it, and its committed runs stay for the page",
 )
 
-STUDIES = {study.name: study for study in (CHAIN, SCRATCHPAD)}
+STUDIES = {study.name: study for study in (CHAIN, CLIPBAND, SCRATCHPAD)}
 DEFAULT_STUDY = CHAIN.name
 
 
@@ -669,6 +719,146 @@ def calls_section(calls: dict[str, list[Call]]) -> list[str]:
     return [*lines, "", "**The plan's decisions** for the defaults:", "", *plan_decisions(calls), ""]
 
 
+# ------------------------------------------------------------------------------ contrasts (Holm over the family)
+
+def holm_rejections(p_values: list[float], alpha: float = CONTRAST_ALPHA) -> list[bool]:
+    """Holm's step-down rule: the k-th smallest p (k = 1..m) is rejected while every smaller one was and it is at
+    most alpha / (m - k + 1). NaN is never rejected. The family-wise error rate is at most alpha."""
+    order = sorted(range(len(p_values)), key=lambda i: (math.isnan(p_values[i]), p_values[i]))
+    rejected = [False] * len(p_values)
+    for rank, index in enumerate(order):
+        if math.isnan(p_values[index]) or p_values[index] > alpha / (len(p_values) - rank):
+            break
+        rejected[index] = True
+    return rejected
+
+
+@dataclasses.dataclass(frozen=True)
+class ContrastCall:
+    """A planned contrast on the primary metric, by the plan's statistics and Holm's rule over its family."""
+
+    contrast: Contrast
+    differences: tuple[float, ...]  # per paired seed, reference minus arm
+    planned: int
+    mean: float
+    low: float  # 95% bootstrap interval of the mean
+    high: float
+    p: float  # two-sided exact sign-flip, unadjusted
+    holm: bool  # rejected by Holm's rule over the family
+    family_complete: bool  # every contrast of the family has its planned pairs (the calls are made then, at once)
+
+    @property
+    def word(self) -> str:
+        """pending (the family is not complete), supported (Holm rejects and the interval excludes 0) or null."""
+        if not self.family_complete:
+            return "pending"
+        return "supported" if self.holm and (self.low > 0 or self.high < 0) else "null"
+
+    @property
+    def ahead(self) -> str:
+        if self.word != "supported":
+            return "-"
+        return self.contrast.reference if self.mean > 0 else self.contrast.arm
+
+
+def per_seed(out: Path, metric: str = PRIMARY) -> dict[str, dict[int, float]]:
+    """arm -> seed -> `metric`, from a comparison's compare_runs.csv."""
+    values: dict[str, dict[int, float]] = {}
+    for row in csv.DictReader((out / "compare_runs.csv").open(encoding="utf-8")):
+        if row[metric] and row["seed"]:
+            values.setdefault(row["algorithm"], {})[int(float(row["seed"]))] = float(row[metric])
+    return values
+
+
+def contrast_calls(values: dict[str, dict[int, float]], study: Study) -> list[ContrastCall]:
+    """Each of the study's contrasts over the seeds both arms ran, with Holm's rule over the family."""
+    from tepo_verl.report.compare import bootstrap_ci, mean_of, sign_flip_p
+
+    planned = len(next(iter(study.seeds.values())))
+    parts = []
+    for contrast in study.contrasts:
+        ref, arm = values.get(contrast.reference, {}), values.get(contrast.arm, {})
+        differences = tuple(ref[seed] - arm[seed] for seed in sorted(set(ref) & set(arm)))
+        parts.append((contrast, differences, mean_of(differences), *bootstrap_ci(differences),
+                      sign_flip_p(differences)))
+    complete = all(len(part[1]) >= planned for part in parts)
+    rejected = holm_rejections([part[-1] for part in parts]) if complete else [False] * len(parts)
+    return [ContrastCall(contrast, differences, planned, mean, low, high, p, holm, complete)
+            for (contrast, differences, mean, low, high, p), holm in zip(parts, rejected, strict=True)]
+
+
+def clip_fractions(out: Path, arms) -> dict[str, float]:
+    """The seed-mean clip fraction (compare's clip_fraction: actor/pg_clipfrac over the steps) of each of `arms`."""
+    values = per_seed(out, "clip_fraction")
+    return {arm: sum(values[arm].values()) / len(values[arm]) for arm in arms if values.get(arm)}
+
+
+def clip_band_decisions(calls: list[ContrastCall], values: dict[str, dict[int, float]],
+                        fractions: dict[str, float]) -> list[str]:
+    """The clip band plan's decision rule for each sequence-ratio loss, and its reading of TEPO against GSPO."""
+    by_pair = {(c.contrast.reference, c.contrast.arm): c for c in calls}
+
+    def shown(call: ContrastCall) -> str:
+        return (f"`{call.contrast.reference}` minus `{call.contrast.arm}`: {call.mean:+.4f} [{call.low:+.4f}, "
+                f"{call.high:+.4f}], p = {call.p:.3g}, {call.word}")
+
+    if any(call.word == "pending" for call in calls):
+        done = min(len(call.differences) for call in calls)
+        return [f"- **Pending**: {done} of {calls[0].planned} paired seeds in every contrast; the calls are made "
+                "on all of them at once (Holm's rule is over the family)."]
+    lines = []
+    for loss in ("tepo", "gspo"):
+        wide = f"{loss}-clip3e-2"
+        widening, lead = by_pair[(wide, loss)], by_pair[("grpo", wide)]
+        seeds = sorted(set(values["grpo"]) & set(values[loss]))
+        gap = sum(values["grpo"][s] - values[loss][s] for s in seeds) / len(seeds)
+        unbound = fractions.get(wide, math.inf) < UNBOUND_CLIP_FRACTION
+        band = ("the wide band unbound it" if unbound else
+                f"the wide band did not unbind it (clip fraction {fractions.get(wide, math.nan):.3f}, not below "
+                f"{UNBOUND_CLIP_FRACTION})")
+        if widening.word == "supported" and widening.mean > 0:
+            if lead.word == "null" and lead.high < gap / 2:
+                verdict = f"**The band explains GRPO's lead over `{loss}`** on this test bed"
+            else:
+                verdict = f"**Widening the band helps `{loss}`, and GRPO's lead is not explained by it alone**"
+        elif widening.word == "supported":
+            verdict = f"**Widening the band hurts `{loss}`**"
+        else:
+            verdict = f"**Widening the band is not shown to help `{loss}`**"
+        lines.append(f"- {verdict} ({band}): {shown(widening)}; {shown(lead)}, against "
+                     f"today's gap of {gap:+.4f} (`grpo` minus `{loss}` at 3e-4/4e-4, half of it {gap / 2:+.4f}).")
+    versus = by_pair[("tepo-clip3e-2", "gspo-clip3e-2")]
+    lines.append(f"- **TEPO against GSPO at the wide band** ({shown(versus)}): "
+                 + (f"`{versus.ahead}` ahead." if versus.word == "supported" else "not shown to differ."))
+    lines.append("- No preset value changes, whatever the calls: the documentation of the `tepo`, `tepo_nomask` and "
+                 "`gspo` presets quotes these lines.")
+    return lines
+
+
+def contrasts_section(compared: dict[str, tuple[Comparison, Path]], study: Study) -> list[str]:
+    """The page's manipulation check, table of the plan's contrasts and its decisions, for a study with contrasts."""
+    (_, out), = compared.values()
+    values = per_seed(out)
+    arms = [arm.name for arm in study.arms]
+    fractions = clip_fractions(out, arms)
+    calls = contrast_calls(values, study)
+    lines = ["**The manipulation check** (seed-mean clip fraction, `actor/pg_clipfrac` over the steps; the wide band "
+             f"unbinds an arm below {UNBOUND_CLIP_FRACTION}): "
+             + ", ".join(f"`{arm}` {fractions[arm]:.4f} over {len(values[arm])} seeds" for arm in arms
+                         if arm in fractions) + ".", "",
+             f"**The plan's contrasts** on the primary metric ({PRIMARY}, reference minus arm, paired by seed; p "
+             f"unadjusted, the call by Holm's rule over the {len(calls)} contrasts at {CONTRAST_ALPHA} and an "
+             "interval that excludes 0; pending until every contrast has its planned pairs):", "",
+             "| question | reference | arm | pairs | mean difference | 95% interval | p | Holm | call | ahead |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for call in calls:
+        interval = "nan" if math.isnan(call.low) else f"[{call.low:+.4f}, {call.high:+.4f}]"
+        lines.append(f"| {call.contrast.question} | {call.contrast.reference} | {call.contrast.arm} | "
+                     f"{len(call.differences)} of {call.planned} | {call.mean:+.4f} | {interval} | {call.p:.3g} | "
+                     f"{'rejects' if call.holm else '-'} | {call.word} | {call.ahead} |")
+    return [*lines, "", "**The plan's decisions**:", "", *clip_band_decisions(calls, values, fractions), ""]
+
+
 def page_section(compared: dict[str, tuple[Comparison, Path]], page: Path, study: Study, results: Path) -> str:
     """The generated part of the results page for `study`: the chain test bed's check (from `results`), then each
     comparison's compare.md and links to its plots."""
@@ -678,6 +868,8 @@ def page_section(compared: dict[str, tuple[Comparison, Path]], page: Path, study
         lines += [check, ""]
     if study is CHAIN and compared:
         lines += calls_section(plan_calls(compared, study))
+    if study.contrasts and compared:
+        lines += contrasts_section(compared, study)
     for name, (comparison, out) in compared.items():
         lines += [f"#### {comparison.title}", ""]
         lines += [(out / "compare.md").read_text(encoding="utf-8").rstrip(), ""]
@@ -694,13 +886,13 @@ def write_page(results_root: Path, studies: list[Study], page: Path, python: str
         if study.page_begin not in text or study.page_end not in text:
             raise StudyError(f"{page} has no markers for study {study.name}: add the lines {study.page_begin!r} "
                              f"and {study.page_end!r}")
-        compared = compare(results_root / study.name, study, python, log, plots)
+        compared = compare(results_root / study.results_name, study, python, log, plots)
         if not compared:
             log(f"[study] {study.name}: no finished runs yet; its part of {page} is left as it is")
             continue
         head, _, rest = text.partition(study.page_begin)
         _, _, tail = rest.partition(study.page_end)
-        text = head + page_section(compared, page, study, results_root / study.name) + tail
+        text = head + page_section(compared, page, study, results_root / study.results_name) + tail
     page.write_text(text, encoding="utf-8")
     log(f"[study] wrote the study tables into {page}")
 
@@ -746,8 +938,8 @@ def main(argv: list[str] | None = None, log=print) -> int:
         if steps < 1:
             raise StudyError(f"--steps must be >= 1, got {steps}")
         regime = {**study.regime, "STEPS": str(steps)}
-        results = (args.results_root / study.name).resolve()
-        scratch = (args.scratch_root / study.name).resolve()
+        results = (args.results_root / study.results_name).resolve()
+        scratch = (args.scratch_root / study.results_name).resolve()
         coef = control_coef(results, steps) if study is CHAIN else None
         groups = [*study.seeds]
         arms = select_arms(args.arms, study_arms(study, coef) if coef is not None or study is not CHAIN
