@@ -14,7 +14,7 @@ skipped with a note.
 
 verl logs one value per step, over all of the step's updates (micro-batches and mini-batches: a mean, or for
 the tepo/ ratios the step's ratio of sums). The first
-update of a step is on-policy (ratio 1, exactly on CPU; 1 plus numerical noise on a GPU), the later ones are
+update of a step is on-policy (ratio 1 up to rounding on CPU; 1 plus numerical noise on a GPU), the later ones are
 not, so the on-policy noise can be read from step metrics only when a step has one update, or from a metric that
 the loss logs for the on-policy update itself (METRICS' noise roles).
 """
