@@ -64,6 +64,11 @@ MEANS = ["entropy_start", "response_length", "kl_mask_fraction", "mask_share_pos
 #: The per-algorithm table's columns after the run counts.
 SUMMARY_COLUMNS = [*CI_METRICS[:-1], "entropy_start", "entropy_end", *MEANS[1:]]
 TO_TARGET = ("steps_to_target", "rollouts_to_target", "wall_s_to_target")
+#: Per-run quantities measured on the training batch: on a filtered batch (dynamic sampling) they describe the kept
+#: groups only, so they are not paired across a filtered and an unfiltered algorithm.
+BATCH_METRICS = ("entropy_start", "entropy_end", "response_length")
+#: The plots of training-batch metrics, whose filtered-batch curves are marked.
+BATCH_PLOTS = ("reward", "entropy")
 CONFIDENCE = 0.95
 #: Up to this many pairs the sign-flip test enumerates every sign pattern (2**pairs); beyond, it samples them.
 EXACT_PAIRS = 16
@@ -119,6 +124,7 @@ def run_row(run: Run, target: float) -> dict:
     return {
         "algorithm": run.label,
         "seed": run.seed,
+        "filtered_batch": run.filtered_batch,
         "run": str(run.path),
         "steps": max(run.metrics),
         "validations": len(curve),
@@ -236,7 +242,8 @@ def summarize(per_run: pd.DataFrame, *, n_resamples: int = 10_000, seed: int = 0
     """Per algorithm: seed means (with bootstrap intervals for CI_METRICS) of the per-run table."""
     rows = []
     for label, group in per_run.groupby("algorithm", sort=True):
-        row = {"algorithm": label, "seeds": len(group), "steps": int(group["steps"].max()),
+        row = {"algorithm": label, "filtered_batch": bool(group["filtered_batch"].any()),
+               "seeds": len(group), "steps": int(group["steps"].max()),
                "reached": int(group["reached"].sum()), "censored": int(group["censored"].sum())}
         for name in CI_METRICS:
             row[name] = mean_of(group[name])
@@ -252,7 +259,8 @@ def paired_differences(per_run: pd.DataFrame, reference: str | None, *, n_resamp
                        seed: int = 0) -> pd.DataFrame:
     """For each baseline and CI metric: the mean over seeds present in both of (reference - baseline) of that
     seed, with its bootstrap interval and sign-flip p-value. `censored_pairs` counts pairs where either run is
-    censored (for the to-target metrics their difference is not a measured one)."""
+    censored (for the to-target metrics their difference is not a measured one). A BATCH_METRICS metric is not
+    paired between an algorithm with a filtered batch and one without: it measures different batches."""
     columns = ["baseline", "metric", "pairs", "censored_pairs", "mean_difference", "ci_low", "ci_high", "p_value",
                "seeds"]
     if reference is None or reference not in set(per_run["algorithm"]):
@@ -260,11 +268,14 @@ def paired_differences(per_run: pd.DataFrame, reference: str | None, *, n_resamp
     by_seed = {label: group.dropna(subset=["seed"]).set_index("seed")
                for label, group in per_run.groupby("algorithm")}
     ref = by_seed[reference]
+    filtered = per_run.groupby("algorithm")["filtered_batch"].any()
     rows = []
     for baseline in sorted(set(per_run["algorithm"]) - {reference}):
         other = by_seed[baseline]
         seeds = sorted(set(ref.index) & set(other.index))
         for name in CI_METRICS:
+            if name in BATCH_METRICS and filtered[reference] != filtered[baseline]:
+                continue
             differences = [ref.at[s, name] - other.at[s, name] for s in seeds
                            if pd.notna(ref.at[s, name]) and pd.notna(other.at[s, name])]
             used = [s for s in seeds if pd.notna(ref.at[s, name]) and pd.notna(other.at[s, name])]
@@ -374,6 +385,12 @@ def render(summary: pd.DataFrame, per_run: pd.DataFrame, paired: pd.DataFrame, t
         change = f"{(1 - ratio) * 100:.1f}% fewer" if ratio <= 1 else f"{(ratio - 1) * 100:.1f}% more"
         lines.append(f"steps-to-target {reference} / {other} = {ratio:.3f} ({change} steps for {reference}; "
                      f"{over})")
+    filtered = sorted(summary.loc[summary["filtered_batch"], "algorithm"])
+    if filtered:
+        lines.append(f"Trained on a filtered batch (dynamic sampling keeps the groups whose rewards differ): "
+                     f"{', '.join(filtered)}. Their {', '.join(BATCH_METRICS)} and training reward describe the "
+                     "kept groups, not the policy's samples, so they are not paired with an algorithm without the "
+                     "filter.")
     missing = sorted(per_run.loc[per_run["entropy_start"].isna(), "run"])
     if missing:
         lines.append(f"no {ENTROPY} in {len(missing)} run(s) (logged by tepo-verl's hook in verl's v1 trainer): "
@@ -400,7 +417,9 @@ def plot(runs: list[Run], out_dir: Path) -> list[Path]:
                 continue
             xs = sorted(per_step)
             means = [mean_of(per_step[x]) for x in xs]
-            (line,) = ax.plot(xs, means, marker="o", markersize=3, label=f"{label} (n={len(group)}, mean, min-max)")
+            batch = " (filtered batch)" if name in BATCH_PLOTS and any(run.filtered_batch for run in group) else ""
+            (line,) = ax.plot(xs, means, marker="o", markersize=3,
+                              label=f"{label}{batch} (n={len(group)}, mean, min-max)")
             if len(group) > 1:
                 ax.fill_between(xs, [min(per_step[x]) for x in xs], [max(per_step[x]) for x in xs],
                                 color=line.get_color(), alpha=0.2)

@@ -38,6 +38,9 @@ PENALTY_GRAD_SHARE = "actor/tepo/penalty_grad_share"
 #: What runs logged before PENALTY_GRAD_SHARE: penalty over policy term, infinite on a step (its value the mean over
 #: micro-batches then) with a micro-batch whose masked tokens were all clipped. Read for those runs only.
 OLDER_PENALTY_GRAD_RATIO = "actor/tepo/penalty_grad_ratio"
+#: verl's dynamic sampling (DAPO's group filter) logs these; a run with them trained on a filtered batch: the groups
+#: whose rewards differ. Its batch metrics (entropy, response length, training reward) describe those groups only.
+FILTER_GROUPS_PREFIX = "training/filter_groups/"
 VAL_CORE = re.compile(r"^val-core/(?P<source>.+)/(?P<var>acc|reward)/mean@\d+$")
 
 _SEED_SUFFIX = re.compile(r"[-_.]?(seed|s)(?P<seed>\d+)$")
@@ -62,6 +65,11 @@ class Run:
 
     def series(self, name: str) -> list[tuple[int, float]]:
         return [(s, m[name]) for s, m in sorted(self.metrics.items()) if _finite(m.get(name))]
+
+    @property
+    def filtered_batch(self) -> bool:
+        """Whether the run's training batch was filtered (dynamic sampling): its metrics name the filter."""
+        return any(name.startswith(FILTER_GROUPS_PREFIX) for m in self.metrics.values() for name in m)
 
     def penalty_strength(self) -> list[tuple[int, float]]:
         """PENALTY_GRAD_SHARE per step; for a run that predates it, the older ratio on its finite steps."""
