@@ -19,14 +19,17 @@ data order and seeds (recipes/cpu.sh's SEED), so runs pair by seed.
 - `cpu-scratchpad` (superseded, bf16 log-probs): the first study, kept for its committed runs; no new runs.
 
 Each finished run leaves, under benchmarks/results/<study>/<arm>-seed<k>/:
-    metrics.jsonl   verl's raw file-logger JSONL (one {"step", "data"} line per step and validation)
-    run.json        the exact command, the git commit it ran at (and the tracked files that differed from it),
-                    the arm, seed, preset, overrides, regime, wall time
+    metrics.jsonl.gz  verl's raw file-logger JSONL (one {"step", "data"} line per step and validation),
+                      gzip-compressed with no timestamp (the same run gives the same bytes)
+    run.json          the exact command, the git commit it ran at (and the tracked files that differed from it),
+                      the arm, seed, preset, overrides, regime, wall time
 A run is finished when both exist and the JSONL reaches the last step; the runner skips finished runs, so the
-study can span sessions (commit the results folder as it fills). verl's console log, validation generations and
-the unfinished runs stay in runs/study/<study>/. The last thing the runner does is write the results page: for
-each study, `tepo-verl compare` on each comparison's runs at the study's target (into
-benchmarks/results/<study>/compare/<comparison>/), spliced into docs/results.md between that study's markers.
+study can span sessions (commit the results folder as it fills). Every reader here, `tepo-verl compare` and
+`tepo-verl doctor` take a run's metrics plain (metrics.jsonl) or compressed (tepo_verl.report.runs.metrics_file,
+open_metrics). verl's console log, validation generations and the unfinished runs stay in runs/study/<study>/.
+The last thing the runner does is write the results page: for each study, `tepo-verl compare` on each comparison's
+runs at the study's target (into benchmarks/results/<study>/compare/<comparison>/), spliced into docs/results.md
+between that study's markers.
 The chain study's section opens with the plan's calls on its primary metric and its decisions for the defaults
 (`plan_calls`, `plan_decisions`). A test checks that the committed page equals what the committed runs give.
 """
@@ -38,6 +41,7 @@ import contextlib
 import csv
 import dataclasses
 import fcntl
+import gzip
 import json
 import math
 import os
@@ -48,7 +52,15 @@ import sys
 import time
 from pathlib import Path
 
-from tepo_verl.report.runs import default_label
+from tepo_verl.report.runs import (
+    GZIP_SUFFIX,
+    METRICS_NAME,
+    READ_ERRORS,
+    RunError,
+    default_label,
+    metrics_file,
+    open_metrics,
+)
 from tepo_verl.verl_adapter.precision import FLOAT32_OVERRIDES
 
 REPO = Path(__file__).resolve().parents[1]
@@ -300,7 +312,7 @@ def control_coef(results: Path, steps: int) -> float | None:
         folders = [results / f"{arm}-seed{seed}" for seed in DOSE_SEEDS]
         if not all(finished(folder, steps) for folder in folders):
             return None
-        aucs = [val_auc(run.val_accuracy()) for run in load_runs([str(f / "metrics.jsonl") for f in folders])]
+        aucs = [val_auc(run.val_accuracy()) for run in load_runs([str(metrics_file(f)) for f in folders])]
         means[coef] = sum(aucs) / len(aucs)
     best = max(means.values())
     return min(coef for coef, mean in means.items() if mean == best)
@@ -319,7 +331,7 @@ def grpo_rise(results: Path, steps: int, seeds: tuple[int, ...] | None = None) -
         folders = [path for path in sorted(results.glob(f"{RISE_ARM}-seed*")) if finished(path, steps)]
         if not folders:
             return None
-    curves = [dict(run.val_accuracy()) for run in load_runs([str(f / "metrics.jsonl") for f in folders])]
+    curves = [dict(run.val_accuracy()) for run in load_runs([str(metrics_file(f)) for f in folders])]
     missing = [f.name for f, curve in zip(folders, curves) if RISE_FROM not in curve or steps not in curve]
     if missing:
         raise StudyError(f"no validation at step {RISE_FROM} or {steps} in {', '.join(missing)}")
@@ -406,23 +418,24 @@ def check_presets(arms) -> None:
 # ------------------------------------------------------------------------------------------------ the runs
 
 def last_step(jsonl: Path) -> int | None:
-    """The largest step of a file-logger JSONL (None when absent, empty or unreadable)."""
+    """The largest step of a file-logger JSONL, plain or compressed (None when absent, empty or unreadable)."""
     try:
-        steps = [int(json.loads(line)["step"]) for line in jsonl.read_text(encoding="utf-8").splitlines()
-                 if line.strip()]
-    except (OSError, ValueError, KeyError, TypeError):
+        with open_metrics(jsonl) as handle:
+            steps = [int(json.loads(line)["step"]) for line in handle if line.strip()]
+    except (ValueError, KeyError, TypeError, *READ_ERRORS):
         return None
     return max(steps) if steps else None
 
 
 def finished(run_dir: Path, steps: int) -> bool:
-    """metrics.jsonl reaches the last step and run.json records a finished run of this many steps."""
+    """The metrics file (metrics_file) reaches the last step and run.json records a finished run of this many
+    steps."""
     try:
         record = json.loads((run_dir / "run.json").read_text())
     except (OSError, ValueError):
         return False
     return (record.get("status") == "finished" and int(record.get("regime", {}).get("STEPS", -1)) == steps
-            and (last_step(run_dir / "metrics.jsonl") or 0) >= steps)
+            and (last_step(metrics_file(run_dir)) or 0) >= steps)
 
 
 def git_state(repo: Path) -> dict:
@@ -472,7 +485,8 @@ def shown(env: dict, argv: list[str], repo: Path) -> str:
 
 def run_one(run: Run, results: Path, scratch: Path, regime: dict, recipe: Path, lock: str | None,
             python: str, timeout: float, log, study: Study) -> bool:
-    """Run one arm and seed in its scratch folder; on success copy metrics.jsonl and write run.json."""
+    """Run one arm and seed in its scratch folder; on success store its metrics compressed (store_metrics) and
+    write run.json."""
     work = scratch / run.name
     if work.exists():  # an unfinished earlier attempt: start clean, so the JSONL holds this run only
         shutil.rmtree(work)
@@ -497,14 +511,14 @@ def run_one(run: Run, results: Path, scratch: Path, regime: dict, recipe: Path, 
             code = "timeout"
         wall = time.time() - started
     steps = int(regime["STEPS"])
-    reached = last_step(work / "metrics.jsonl")
+    reached = last_step(metrics_file(work))
     if code != 0 or (reached or 0) < steps:
         log(f"[study] {run.name}: FAILED (exit {code}, last logged step {reached}, {wall:.0f} s); log: "
             f"{work / 'console.log'} and {work / 'recipe.log'}")
         return False
     out = results / run.name
     out.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(work / "metrics.jsonl", out / "metrics.jsonl")
+    store_metrics(metrics_file(work), out)
     record = {
         "status": "finished",
         "arm": run.arm.name,
@@ -523,6 +537,16 @@ def run_one(run: Run, results: Path, scratch: Path, regime: dict, recipe: Path, 
     where = out.relative_to(results.parent) if results.parent in out.parents else out
     log(f"[study] {run.name}: done in {wall:.0f} s -> {where}")
     return True
+
+
+def store_metrics(source: Path, out: Path) -> Path:
+    """Write the metrics file `source` into the run folder `out` as metrics.jsonl.gz, with mtime 0 in the gzip
+    header so that the same metrics give the same bytes; a plain metrics.jsonl left there by an earlier run of the
+    same arm and seed goes (a folder holds one metrics file)."""
+    target = out / (METRICS_NAME + GZIP_SUFFIX)
+    target.write_bytes(gzip.compress(source.read_bytes(), mtime=0))
+    (out / METRICS_NAME).unlink(missing_ok=True)
+    return target
 
 
 def check_study(results: Path, regime: dict, study: Study) -> None:
@@ -545,7 +569,7 @@ def group_runs(results: Path, study: Study) -> dict[str, tuple[Comparison, list[
     present = {p.name: p for p in sorted(results.iterdir()) if (p / "run.json").is_file()} if results.is_dir() else {}
 
     def folders(arm_names) -> list[Path]:
-        return [path for path in present.values() if default_label(path / "metrics.jsonl") in arm_names]
+        return [path for path in present.values() if default_label(metrics_file(path)) in arm_names]
 
     coef = control_coef(results, int(study.regime["STEPS"])) if study is CHAIN else None
     arms = study_arms(study, coef)
@@ -972,7 +996,7 @@ def main(argv: list[str] | None = None, log=print) -> int:
             raise StudyError(f"the test bed failed its check: {RISE_ARM}'s seeds {CHECK_SEEDS[0]}-{CHECK_SEEDS[-1]} "
                              f"rose {at_last - at_from:+.3f} from step {RISE_FROM} to step {steps}, under "
                              f"+{RISE_MIN:.2f}; no other run starts (docs/results.md, the plan)")
-    except StudyError as error:
+    except (StudyError, RunError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     held = [run for run in todo if not passed and not gate_run(run, study)]
@@ -995,7 +1019,7 @@ def main(argv: list[str] | None = None, log=print) -> int:
     if not args.no_compare:
         try:
             write_page(args.results_root.resolve(), [study], args.page_file, python, log, plots=not args.no_plots)
-        except StudyError as error:
+        except (StudyError, RunError) as error:
             print(f"error: {error}", file=sys.stderr)
             return 2
     return 1 if failed else 0

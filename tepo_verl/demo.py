@@ -34,7 +34,8 @@ REWARD = "critic/score/mean"
 EVICTED = "training/filter_groups/evicted_samples"
 #: The committed studies the demo quotes, in order of preference: the first whose main comparison has finished
 #: runs of two arms or more is quoted. Each is benchmarks/results/<name>/ with run folders <arm>-seed<k>/
-#: (metrics.jsonl, run.json), study.json, and compare/main/ (the main arms' comparison: compare.csv, val_accuracy.png).
+#: (metrics.jsonl.gz, run.json), study.json, and compare/main/ (the main arms' comparison: compare.csv,
+#: val_accuracy.png).
 STUDIES = ("cpu-chain", "cpu-scratchpad")
 STUDY_ROOT = REPO / "benchmarks" / "results"
 #: Columns of the comparison's per-algorithm CSV shown on the console (all of them are in compare.md).
@@ -220,6 +221,8 @@ def compare(run_dirs: list[Path], out: Path, env: dict[str, str]) -> int:
 def study_runs(folder: Path) -> list[Path]:
     """The finished run folders of the study's main comparison (its arms: compare/main/compare.csv); none while
     fewer than two of its arms have one (a headline compares arms)."""
+    from tepo_verl.report.runs import metrics_file
+
     table = folder / "compare" / "main" / "compare.csv"
     if not table.is_file():
         return []
@@ -229,7 +232,7 @@ def study_runs(folder: Path) -> list[Path]:
     for run_json in sorted(folder.glob("*/run.json")):
         record = json.loads(run_json.read_text())
         if record.get("status") == "finished" and record.get("arm") in arms and \
-                (run_json.parent / "metrics.jsonl").is_file():
+                metrics_file(run_json.parent).is_file():
             runs.append(run_json.parent)
             arms_run.add(record["arm"])
     return runs if len(arms_run) >= 2 else []

@@ -1,10 +1,12 @@
-"""`tepo-verl doctor` on the committed CPU runs, on synthetic GPU-like runs with a real composed verl config, and on
-broken input (a half-written last line, bad paths, a bad record)."""
+"""`tepo-verl doctor` on the committed CPU runs (plain and compressed alike), on synthetic GPU-like runs with a real
+composed verl config, and on broken input (a half-written last line, bad paths, a bad record, a bad gzip stream)."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
+import shutil
 import statistics
 from pathlib import Path
 
@@ -16,6 +18,7 @@ from verl_config import compose_config
 
 from tepo_verl.cli import main as cli_main
 from tepo_verl.report import doctor
+from tepo_verl.report.runs import metrics_file, open_metrics
 from tepo_verl.verl_adapter.precision import FLOAT32_OVERRIDES, precision_warning
 
 RUNS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "cpu-scratchpad"
@@ -33,8 +36,14 @@ def status(line: str) -> str:
     return line[1:line.index("]")]
 
 
+def committed_lines(folder: Path) -> list[str]:
+    """The lines of a committed run's metrics (kept compressed: metrics.jsonl.gz)."""
+    with open_metrics(metrics_file(folder)) as handle:
+        return handle.read().splitlines()
+
+
 def committed(name: str) -> list[dict]:
-    return [json.loads(line)["data"] for line in (RUNS / name / "metrics.jsonl").read_text().splitlines()]
+    return [json.loads(line)["data"] for line in committed_lines(RUNS / name)]
 
 
 # ---- the committed CPU runs ----------------------------------------------------------------------------------------
@@ -71,7 +80,7 @@ def test_committed_cpu_runs(name, tepo, capsys):
 
 
 def test_a_console_with_the_adapters_warning_gives_the_measured_dtype(tmp_path, capsys):
-    (tmp_path / "metrics.jsonl").write_text((RUNS / "tepo-seed1" / "metrics.jsonl").read_text())
+    shutil.copyfile(metrics_file(RUNS / "tepo-seed1"), tmp_path / "metrics.jsonl.gz")  # as committed
     warning = precision_warning(torch.bfloat16, 3e-4, 4e-4, "tepo")
     (tmp_path / "console.log").write_text(f"(WorkerDict pid=123) {warning}\n")
     (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(compose_config(["+algorithm=tepo"])))  # says cuda
@@ -177,8 +186,7 @@ def test_a_committed_study_record_gives_the_runs_precision(tmp_path, capsys):
     record = json.loads((source / "run.json").read_text())
     assert record["regime"]["PRECISION"] == "float32" and not any("param_dtype" in o for o in record["overrides"])
     for precision, dtype, expected in (("float32", "float32", "ok"), ("bf16", "bfloat16", "FAIL")):
-        run = write_run(tmp_path / precision, [json.loads(line) for line in
-                                               (source / "metrics.jsonl").read_text().splitlines()])
+        run = write_run(tmp_path / precision, [json.loads(line) for line in committed_lines(source)])
         (run / "run.json").write_text(json.dumps({**record, "regime": {**record["regime"], "PRECISION": precision},
                                                   "command": record["command"].replace("float32", precision)}))
         _, lines = run_doctor(capsys, run)
@@ -274,11 +282,26 @@ def test_a_gspo_run_gets_na_on_tepos_lines_and_a_cfg_job_dump_is_read(tmp_path, 
     assert status(lines["log-prob dtype"]) == "ok" and code == 0
 
 
+def test_a_compressed_run_reads_as_its_plain_copy(tmp_path, capsys):
+    """The same committed run, as its folder holds it (metrics.jsonl.gz) and decompressed (metrics.jsonl, as verl
+    writes it), each beside its run.json: the same findings and exit code, given the folder or the file."""
+    source = RUNS.parent / "cpu-chain" / "tepo-seed1"
+    compressed, plain = tmp_path / "gz" / "tepo-seed1", tmp_path / "plain" / "tepo-seed1"
+    for folder in (compressed, plain):
+        folder.mkdir(parents=True)
+        shutil.copyfile(source / "run.json", folder / "run.json")
+    shutil.copyfile(metrics_file(source), compressed / "metrics.jsonl.gz")
+    (plain / "metrics.jsonl").write_bytes(gzip.decompress(metrics_file(source).read_bytes()))
+    results = [run_doctor(capsys, given) for given in (compressed, compressed / "metrics.jsonl.gz", plain,
+                                                        plain / "metrics.jsonl")]
+    assert len(results[0][1]) == len(doctor.CHECKS) and status(results[0][1]["mask rule"]) == "ok"
+    assert all(result == results[0] for result in results[1:])
+
+
 # ---- broken input ---------------------------------------------------------------------------------------------------
 
 def test_a_half_written_last_line_is_skipped_with_a_note(tmp_path, capsys):
-    text = (RUNS / "tepo-seed1" / "metrics.jsonl").read_text()
-    lines = text.splitlines()
+    lines = committed_lines(RUNS / "tepo-seed1")
     whole = write_run(tmp_path / "whole", [])
     (whole / "metrics.jsonl").write_text("\n".join(lines[:-1]) + "\n")
     cut = write_run(tmp_path / "cut", [])
@@ -296,6 +319,9 @@ def test_a_half_written_last_line_is_skipped_with_a_note(tmp_path, capsys):
     ("ok", ["{tmp}/run", "--config", "{tmp}/missing.yaml"], "config file {tmp}/missing.yaml does not exist"),
     ("ok", ["{tmp}/run", "--config", "{tmp}/other.yaml"], "config {tmp}/other.yaml is not a composed verl config"),
     ("ok", ["{tmp}/run", "--config", "{tmp}/run/metrics.jsonl"], "metrics.jsonl is not YAML"),
+    ("both", ["{tmp}/run"], "run folder {tmp}/run holds both metrics.jsonl and metrics.jsonl.gz: keep one"),
+    ("not gzip", ["{tmp}/run"], "cannot read run file {tmp}/run/metrics.jsonl.gz: Not a gzipped file"),
+    ("cut gzip", ["{tmp}/run"], "cannot read run file {tmp}/run/metrics.jsonl.gz: Compressed file ended"),
 ])
 def test_bad_input_is_one_line(setup, argv, fragment, tmp_path, capsys):
     run = tmp_path / "run"
@@ -303,9 +329,16 @@ def test_bad_input_is_one_line(setup, argv, fragment, tmp_path, capsys):
         run.mkdir()
     if setup == "middle":
         (run / "metrics.jsonl").write_text('{"step": 1, "data": {}}\n{oops\n{"step": 2, "data": {}}\n')
-    if setup == "ok":
+    if setup in ("ok", "both"):
         write_run(run, gpu_like_metrics(1e-6, steps=2))
         (tmp_path / "other.yaml").write_text("model: qwen\n")
+    if setup == "both":
+        (run / "metrics.jsonl.gz").write_bytes(gzip.compress((run / "metrics.jsonl").read_bytes()))
+    if setup == "not gzip":
+        (run / "metrics.jsonl.gz").write_text('{"step": 1, "data": {}}\n')  # a plain file with the compressed name
+    if setup == "cut gzip":  # a compressed copy cut short
+        packed = gzip.compress("".join(json.dumps(r) + "\n" for r in gpu_like_metrics(1e-6, steps=20)).encode())
+        (run / "metrics.jsonl.gz").write_bytes(packed[: len(packed) // 2])
     code = cli_main(["doctor", *[a.replace("{tmp}", str(tmp_path)) for a in argv]])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "Traceback" not in err

@@ -3,6 +3,7 @@ of docs/presets.md against the composed presets."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import re
@@ -34,7 +35,7 @@ from tepo_verl.report.compare import (
     summarize,
     val_auc,
 )
-from tepo_verl.report.runs import RunError, default_label, load_runs
+from tepo_verl.report.runs import RunError, default_label, load_runs, metrics_file
 
 PRESETS_DOC = Path(__file__).resolve().parents[1] / "docs" / "presets.md"
 PRESETS = ["tepo", "tepo_nomask", "gspo", "grpo", "dapo", "gmpo", "kl_cov"]
@@ -104,6 +105,8 @@ def test_labels_seeds_and_steps_to_target(tmp_path):
     assert default_label(Path("tepo-seed12.jsonl")) == "tepo"
     assert default_label(Path("dapo_s3.jsonl")) == "dapo"
     assert default_label(Path("runs/cpu/grpo-seed2/metrics.jsonl")) == "grpo"
+    assert default_label(Path("tepo-seed12.jsonl.gz")) == "tepo"  # compressed: the same run's name
+    assert default_label(Path("results/tepo-kl0.1-seed3/metrics.jsonl.gz")) == "tepo-kl0.1"
     write_run(tmp_path / "x.jsonl", "tepo", 1)
     (tmp_path / "grpo-qwen-seed7").mkdir()
     write_run(tmp_path / "grpo-qwen-seed7" / "metrics.jsonl", "grpo", 1)
@@ -331,7 +334,7 @@ def test_bad_inputs_are_named(tmp_path):
         load_runs([str(bad)])
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(RunError, match="no verl file-logger \\*.jsonl file"):
+    with pytest.raises(RunError, match="no verl file-logger \\*.jsonl or \\*.jsonl.gz file"):
         load_runs([str(empty)])
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
@@ -355,7 +358,8 @@ def _one_line_error(result, text):
 def test_command_fails_cleanly_on_a_folder_without_runs(tmp_path):
     (tmp_path / "val_generations").mkdir()
     (tmp_path / "val_generations" / "0.jsonl").write_text('{"input": "q", "output": "a"}\n')
-    _one_line_error(_compare(tmp_path, "--out", tmp_path / "o"), f"no verl file-logger *.jsonl file under {tmp_path}")
+    _one_line_error(_compare(tmp_path, "--out", tmp_path / "o"),
+                    f"no verl file-logger *.jsonl or *.jsonl.gz file under {tmp_path}")
 
 
 def test_command_fails_cleanly_on_a_missing_path(tmp_path):
@@ -366,6 +370,57 @@ def test_command_fails_cleanly_on_a_malformed_line(tmp_path):
     run = tmp_path / "tepo-seed1.jsonl"
     run.write_text('{"step": 0, "data": {"val-core/a/acc/mean@1": 0.2}}\n{"step": 1, "data": {"x": 1\n')
     _one_line_error(_compare(run, "--out", tmp_path / "o"), f"{run}:2: not a verl file-logger record")
+
+
+def _compressed_copy(runs_dir: Path, out: Path) -> Path:
+    """Every run of `runs_dir` as NAME.jsonl.gz in `out`."""
+    out.mkdir()
+    for path in runs_dir.glob("*.jsonl"):
+        (out / f"{path.name}.gz").write_bytes(gzip.compress(path.read_bytes()))
+    return out
+
+
+def test_compressed_runs_compare_as_their_plain_copies(runs_dir, tmp_path):
+    compressed = _compressed_copy(runs_dir, tmp_path / "gz")
+    plain_runs, packed_runs = load_runs([str(runs_dir)]), load_runs([str(compressed)])
+    assert [(r.label, r.seed, r.metrics) for r in plain_runs] == [(r.label, r.seed, r.metrics) for r in packed_runs]
+    assert [r.path for r in packed_runs] == [compressed / f"{r.path.name}.gz" for r in plain_runs]
+    one = compressed / "tepo-seed1.jsonl.gz"  # a file given by name, and a run folder's metrics.jsonl.gz
+    (tmp_path / "grpo-seed7").mkdir()
+    (tmp_path / "grpo-seed7" / "metrics.jsonl.gz").write_bytes((compressed / "grpo-seed1.jsonl.gz").read_bytes())
+    assert [(r.label, r.seed) for r in load_runs([str(one), str(tmp_path / "grpo-seed7")])] == [("tepo", 1),
+                                                                                                ("grpo", 7)]
+    for folder in (runs_dir, compressed):
+        assert main([str(folder), "--target", "0.5", "--out", str(tmp_path / f"out-{folder.name}"),
+                     "--resamples", "500", "--no-plots"]) == 0
+    out_plain, out_packed = tmp_path / f"out-{runs_dir.name}", tmp_path / f"out-{compressed.name}"
+    for name in ("compare.md", "compare.csv", "compare_paired.csv"):
+        assert (out_plain / name).read_text() == (out_packed / name).read_text(), name
+    per_run_plain, per_run_packed = pd.read_csv(out_plain / "compare_runs.csv"), pd.read_csv(out_packed /
+                                                                                             "compare_runs.csv")
+    assert list(per_run_packed.run) == [f"{compressed / Path(run).name}.gz" for run in per_run_plain.run]
+    pd.testing.assert_frame_equal(per_run_plain.drop(columns="run"), per_run_packed.drop(columns="run"))
+
+
+def test_a_bad_compressed_run_is_named(tmp_path):
+    not_gzip = tmp_path / "tepo-seed1.jsonl.gz"
+    not_gzip.write_text('{"step": 0, "data": {}}\n')  # plain text under the compressed name
+    with pytest.raises(RunError, match=f"cannot read run file {re.escape(str(not_gzip))}: Not a gzipped file"):
+        load_runs([str(not_gzip)])
+    cut = tmp_path / "tepo-seed2.jsonl.gz"
+    write_run(tmp_path / "whole.jsonl", "tepo", 2)
+    packed = gzip.compress((tmp_path / "whole.jsonl").read_bytes())
+    cut.write_bytes(packed[: len(packed) // 2])
+    with pytest.raises(RunError, match=f"cannot read run file {re.escape(str(cut))}: Compressed file ended"):
+        load_runs([str(cut)])
+    both = tmp_path / "grpo-seed1"
+    both.mkdir()
+    write_run(both / "metrics.jsonl", "grpo", 1)
+    (both / "metrics.jsonl.gz").write_bytes(gzip.compress((both / "metrics.jsonl").read_bytes()))
+    with pytest.raises(RunError, match="holds both metrics.jsonl and metrics.jsonl.gz: keep one"):
+        metrics_file(both)
+    with pytest.raises(RunError, match="two runs of grpo with seed 1"):  # a folder given whole: both are found
+        load_runs([str(both)])
 
 
 def test_folders_pass_over_validation_dumps(runs_dir):

@@ -19,6 +19,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from tepo_verl.report.runs import metrics_file, open_metrics
+
 REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "results.md"
 ALGORITHM = REPO / "docs" / "algorithm.md"
@@ -318,8 +320,9 @@ def responses_per_step(arm: str) -> list[float]:
     """Each committed run's mean number of responses generated for training a step (DAPO's regenerations included)."""
     key = "tepo_verl/responses_generated"
     per_run = []
-    for path in sorted(CHAIN_COMPARE.parent.glob(f"{arm}-seed*/metrics.jsonl")):
-        steps = [json.loads(line)["data"] for line in path.read_text(encoding="utf-8").splitlines()]
+    for folder in sorted(CHAIN_COMPARE.parent.glob(f"{arm}-seed*/")):
+        with open_metrics(metrics_file(folder)) as handle:
+            steps = [json.loads(line)["data"] for line in handle]
         per_run.append(statistics.mean(step[key] for step in steps if key in step))
     return per_run
 

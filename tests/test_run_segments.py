@@ -3,12 +3,23 @@ logger truncates its file, and `tepo-verl compare` reads them as one run ordered
 
 from __future__ import annotations
 
+import gzip
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-from tepo_verl.report.runs import keep_segments, load_run, load_runs, parse_run_spec, segments, will_resume
+import pytest
+
+from tepo_verl.report.runs import (
+    RunError,
+    keep_segments,
+    load_run,
+    load_runs,
+    parse_run_spec,
+    segments,
+    will_resume,
+)
 
 
 def write(path: Path, records: list[tuple[int, dict]]) -> Path:
@@ -62,6 +73,39 @@ def test_segments_of_a_run_whose_latest_segment_never_started(tmp_path):
     write(run / "metrics.segment-1.jsonl", [(1, {"critic/score/mean": 0.1})])
     assert parse_run_spec(str(tmp_path)) == [(None, run / "metrics.jsonl")]
     assert list(load_run(run / "metrics.jsonl").metrics) == [1]
+
+
+def compress(path: Path) -> Path:
+    """PATH replaced by PATH.gz, its gzip-compressed copy."""
+    packed = path.with_name(path.name + ".gz")
+    packed.write_bytes(gzip.compress(path.read_bytes()))
+    path.unlink()
+    return packed
+
+
+def test_compressed_segments_read_as_the_plain_ones(tmp_path):
+    """A resumed run kept compressed, whole or in part, reads as the same run, its segments in order."""
+    plain = tmp_path / "plain" / "tepo-seed1"
+    write(plain / "metrics.segment-1.jsonl", [(0, {VAL: 0.1}), (1, {"critic/score/mean": 0.1})])
+    write(plain / "metrics.segment-2.jsonl", [(1, {"critic/score/mean": 0.15}), (2, {"critic/score/mean": 0.2})])
+    write(plain / "metrics.jsonl", [(2, {VAL: 0.3}), (3, {"critic/score/mean": 0.35})])
+    expected = load_run(plain / "metrics.jsonl").metrics
+    whole = ["metrics.segment-1.jsonl", "metrics.segment-2.jsonl", "metrics.jsonl"]
+    for how, kept in (("part", whole[:1]), ("whole", whole)):
+        run = tmp_path / how / "tepo-seed1"
+        run.mkdir(parents=True)
+        for path in plain.iterdir():
+            (run / path.name).write_bytes(path.read_bytes())
+        packed = [compress(run / name) for name in kept]
+        latest = run / ("metrics.jsonl.gz" if "metrics.jsonl" in kept else "metrics.jsonl")
+        assert parse_run_spec(str(run.parent)) == [(None, latest)]  # one run, named by its latest segment
+        assert parse_run_spec(str(packed[0])) == [(None, latest)]
+        assert [p.name for p in segments(latest)] == [name + (".gz" if name in kept else "") for name in whole]
+        assert load_run(latest).metrics == expected
+    write(run / "metrics.segment-1.jsonl", [(0, {VAL: 0.1})])  # segment 1 there twice: which one is meant?
+    with pytest.raises(RunError, match="segment 1 of run .* is there twice: metrics.segment-1.jsonl and "
+                                       "metrics.segment-1.jsonl.gz: keep one"):
+        load_run(latest)
 
 
 def _checkpoint(folder: Path, step: int) -> None:

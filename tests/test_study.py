@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import fcntl
+import gzip
 import importlib.util
 import json
 import subprocess
@@ -93,14 +94,18 @@ def test_runs_every_arm_and_seed_and_records_what_ran(fake):
     assert sorted(p.name for p in results.iterdir()) == sorted(["study.json", "tepo-kl10-seed1", "tepo-kl10-seed2",
                                                                 "tepo-seed1", "tepo-seed2", *GATE_RUNS])
     for name in ("tepo-seed1", "tepo-kl10-seed2"):
-        assert sorted(p.name for p in (results / name).iterdir()) == ["metrics.jsonl", "run.json"]
+        assert sorted(p.name for p in (results / name).iterdir()) == ["metrics.jsonl.gz", "run.json"]
         record = json.loads((results / name / "run.json").read_text())
         assert record["status"] == "finished" and record["commit"] == head and record["regime"]["STEPS"] == "3"
         assert isinstance(record["changed_tracked_files"], list)
         assert record["seed"] == int(name[-1]) and record["arm"] == name.rsplit("-seed", 1)[0]
         assert "BATCH=32 MINI=4" in record["command"] and f"SEED={record['seed']}" in record["command"]
         assert "bash " in record["command"] and record["command"].endswith(" ".join(record["overrides"]))
-        lines = (results / name / "metrics.jsonl").read_text().splitlines()
+        stored = (results / name / "metrics.jsonl.gz").read_bytes()
+        written = results.parents[1] / "scratch" / CHAIN.name / name / "metrics.jsonl"  # what the recipe wrote
+        assert gzip.decompress(stored) == written.read_bytes()  # compressed, nothing lost
+        assert stored[4:8] == bytes(4)  # the gzip header's mtime is 0: the same metrics give the same bytes
+        lines = gzip.decompress(stored).decode().splitlines()
         assert [json.loads(line)["step"] for line in lines] == [0, 1, 2, 3]
     assert json.loads((results / "study.json").read_text())["regime"]["STEPS"] == "3"
 
@@ -112,8 +117,9 @@ def test_resume_skips_finished_runs_and_reruns_the_rest(fake):
     code, calls = run(*ARGS)
     assert code == 0 and calls == []  # everything finished: nothing runs
     (results / "tepo-seed2" / "run.json").unlink()  # no record: not finished
-    lines = (results / "tepo-kl10-seed1" / "metrics.jsonl").read_text().splitlines()
-    (results / "tepo-kl10-seed1" / "metrics.jsonl").write_text("\n".join(lines[:-1]) + "\n")  # short of the end
+    stored = results / "tepo-kl10-seed1" / "metrics.jsonl.gz"
+    lines = gzip.decompress(stored.read_bytes()).decode().splitlines()
+    stored.write_bytes(gzip.compress(("\n".join(lines[:-1]) + "\n").encode()))  # short of the end
     code, calls = run(*ARGS)
     assert code == 0 and sorted((c["env"]["SEED"], KL10 in c["args"]) for c in calls) == [("1", True), ("2", False)]
     code, calls = run(*ARGS[:2], "--seeds", "1-3", "--steps", "3", "--no-compare")
@@ -253,6 +259,23 @@ def test_the_committed_tables_name_their_runs_inside_the_repository():
             assert not Path(row["run"]).is_absolute() and (REPO / row["run"]).is_file(), (table, row["run"])
 
 
+def test_the_runs_readers_read_a_compressed_run_as_its_plain_copy(tmp_path):
+    """last_step and finished: the same answer on a run folder with metrics.jsonl and on its compressed copy."""
+    for name, accuracies in (("whole", [0.3] * 4), ("short", [0.3] * 3)):  # steps 0-3 and 0-2 of a 3-step regime
+        _finished_run(tmp_path / "plain", name, accuracies)
+        _finished_run(tmp_path / "gz", name, accuracies, compressed=True)
+        plain, packed = tmp_path / "plain" / name, tmp_path / "gz" / name
+        assert sorted(p.name for p in packed.iterdir()) == ["metrics.jsonl.gz", "run.json"]
+        assert study.last_step(plain / "metrics.jsonl") == study.last_step(packed / "metrics.jsonl.gz") == \
+            len(accuracies) - 1
+        assert study.finished(plain, 3) == study.finished(packed, 3) == (name == "whole")
+    assert study.last_step(tmp_path / "none.jsonl.gz") is None
+    packed = gzip.compress("".join(json.dumps({"step": step, "data": {"x": step / 7}}) + "\n"
+                                   for step in range(400)).encode())
+    (tmp_path / "cut.jsonl.gz").write_bytes(packed[: len(packed) // 2])
+    assert study.last_step(tmp_path / "cut.jsonl.gz") is None  # a stream cut short: unreadable, not a finished run
+
+
 def test_the_lock_is_held_during_each_run_and_its_wait_recorded_apart(fake, tmp_path):
     run, results = fake
     lock = tmp_path / "lock"
@@ -300,23 +323,28 @@ def test_the_chain_plan_has_ten_seeds_of_each_main_arm_five_of_each_dose_and_con
         study.select_arms("tepo,ppo", CHAIN.arms, CHAIN.seeds)
 
 
-def _finished_run(results: Path, name: str, accuracies: list[float], steps: int = 3) -> None:
-    """A finished run folder whose validation accuracy at steps 0..steps is `accuracies`."""
+def _finished_run(results: Path, name: str, accuracies: list[float], steps: int = 3,
+                  compressed: bool = False) -> None:
+    """A finished run folder whose validation accuracy at steps 0..steps is `accuracies`; its metrics as verl writes
+    them (metrics.jsonl) or, `compressed`, as the runner stores them (metrics.jsonl.gz)."""
     folder = results / name
     folder.mkdir(parents=True)
     lines = [json.dumps({"step": step, "data": {"val-core/tepo_tiny_chain/acc/mean@1": acc}})
              for step, acc in zip(range(steps + 1), accuracies)]
     (folder / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    if compressed:
+        study.store_metrics(folder / "metrics.jsonl", folder)
     (folder / "run.json").write_text(json.dumps({"status": "finished", "regime": {"STEPS": str(steps)}}))
 
 
 @pytest.mark.parametrize("aucs, chosen", [((0.3, 0.4, 0.2), 10.0), ((0.5, 0.4, 0.45), 1.0), ((0.3, 0.3, 0.6), 100.0),
                                           ((0.4, 0.4, 0.2), 1.0)])  # a tie goes to the smaller coefficient
-def test_the_controls_take_the_dose_with_the_highest_mean_auc(tmp_path, aucs, chosen):
+@pytest.mark.parametrize("compressed", [False, True])
+def test_the_controls_take_the_dose_with_the_highest_mean_auc(tmp_path, aucs, chosen, compressed):
     for (coef, arm), auc in zip(study.DOSE_LEVELS.items(), aucs):
         for seed in study.DOSE_SEEDS:
             spread = 0.02 * (seed - 3)  # the seeds differ; their mean is the arm's AUC
-            _finished_run(tmp_path, f"{arm}-seed{seed}", [auc + spread] * 4)
+            _finished_run(tmp_path, f"{arm}-seed{seed}", [auc + spread] * 4, compressed=compressed)
     assert study.control_coef(tmp_path, 3) == chosen
     (tmp_path / "tepo-kl100-seed5" / "run.json").unlink()  # one dose run unfinished: no coefficient yet
     assert study.control_coef(tmp_path, 3) is None

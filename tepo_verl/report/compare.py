@@ -438,8 +438,8 @@ def plot(runs: list[Run], out_dir: Path) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tepo-verl compare", description=__doc__.split("\n\n")[0])
-    parser.add_argument("runs", nargs="+", help="verl file-logger .jsonl files or folders, optionally LABEL=PATH "
-                        "(default label: the file name without a -seedN suffix)")
+    parser.add_argument("runs", nargs="+", help="verl file-logger .jsonl (or .jsonl.gz) files or folders, "
+                        "optionally LABEL=PATH (default label: the file name without a -seedN suffix)")
     parser.add_argument("--target", type=float, default=None,
                         help="validation accuracy to reach (default: 90%% of the lowest best mean accuracy)")
     parser.add_argument("--reference", default=None,

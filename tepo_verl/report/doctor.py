@@ -1,11 +1,12 @@
 """`tepo-verl doctor RUN`: read one run and say, one line per check with its fix, whether it is healthy.
 
-RUN is a run folder (with a verl file-logger `metrics.jsonl`) or the `.jsonl` itself. Beside the metrics the
-doctor also reads, when they are there: the composed config (`--config FILE`, else Hydra's `.hydra/config.yaml`
-under the folder, else a `config.yaml` beside the metrics; a `--cfg job` dump works), the console (`--console FILE`,
-else `console.log`, which `recipes/cpu.sh` writes), and the study's `run.json` (preset and overrides). Every check
-says where its evidence came from and says "unknown" when the run does not reveal it. The checks that only
-apply to TEPO say "n/a" on GRPO, DAPO and GSPO runs.
+RUN is a run folder (with a verl file-logger `metrics.jsonl`, or the `metrics.jsonl.gz` a study keeps) or the
+metrics file itself, plain or gzip-compressed. Beside the metrics the doctor also reads, when they are there: the
+composed config (`--config FILE`, else Hydra's `.hydra/config.yaml` under the folder, else a `config.yaml` beside
+the metrics; a `--cfg job` dump works), the console (`--console FILE`, else `console.log`, which `recipes/cpu.sh`
+writes), and the study's `run.json` (preset and overrides). Every check says where its evidence came from and
+says "unknown" when the run does not reveal it. The checks that only apply to TEPO say "n/a" on GRPO, DAPO and
+GSPO runs.
 
 Statuses: ok, note (context, not judged), warn (look at it), FAIL (the run is not measuring what it should),
 unknown, n/a. Exit code: 0 when no check fails (warnings included, unless --strict), 1 when one fails (or, with
@@ -35,7 +36,17 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from tepo_verl.core.options import TepoOptions
-from tepo_verl.report.runs import CLIP_FRAC, ENTROPY, MASK_FRAC, VERL_ENTROPY, RunError
+from tepo_verl.report.runs import (
+    CLIP_FRAC,
+    ENTROPY,
+    GZIP_SUFFIX,
+    MASK_FRAC,
+    READ_ERRORS,
+    VERL_ENTROPY,
+    RunError,
+    metrics_file,
+    open_metrics,
+)
 from tepo_verl.verl_adapter.precision import FLOAT32_OVERRIDES, ratio_resolution
 
 PRESET_DIR = Path(__file__).resolve().parents[1] / "config" / "algorithm"
@@ -172,8 +183,9 @@ def _median(values: list[float]) -> float:
 def load_metrics(path: Path) -> tuple[dict[int, dict[str, float]], bool]:
     """step -> merged metrics, and whether a half-written last line was skipped. Any other bad line is an error."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as error:
+        with open_metrics(path) as handle:
+            lines = handle.read().splitlines()
+    except READ_ERRORS as error:
         raise RunError(f"cannot read run file {path}: {error}") from None
     numbered = [(n, line) for n, line in enumerate(lines, 1) if line.strip()]
     metrics: dict[int, dict[str, float]] = {}
@@ -196,18 +208,19 @@ def load_metrics(path: Path) -> tuple[dict[int, dict[str, float]], bool]:
 
 
 def locate(run: Path) -> Path:
-    """The metrics file of RUN: the .jsonl itself, or the folder's metrics.jsonl (or its only *.jsonl)."""
+    """The metrics file of RUN: the file itself, or the folder's metrics file (runs.metrics_file: metrics.jsonl or
+    metrics.jsonl.gz), or else its only *.jsonl or *.jsonl.gz."""
     if run.is_file():
         return run
     if not run.is_dir():
         raise RunError(f"run {run} does not exist (give a run folder with a metrics.jsonl, or the .jsonl file)")
-    if (run / "metrics.jsonl").is_file():
-        return run / "metrics.jsonl"
-    candidates = sorted(run.glob("*.jsonl"))
+    if metrics_file(run).is_file():
+        return metrics_file(run)
+    candidates = sorted({*run.glob("*.jsonl"), *run.glob("*.jsonl" + GZIP_SUFFIX)})
     if len(candidates) == 1:
         return candidates[0]
-    raise RunError(f"run folder {run} has no metrics.jsonl"
-                   + (f" and several *.jsonl files ({', '.join(c.name for c in candidates)}): give one" if candidates
+    raise RunError(f"run folder {run} has no metrics.jsonl or metrics.jsonl.gz"
+                   + (f" and several metrics files ({', '.join(c.name for c in candidates)}): give one" if candidates
                       else " (verl's file logger writes it where VERL_FILE_LOGGER_PATH points)"))
 
 
@@ -568,7 +581,8 @@ def exit_code(findings: list[Finding], strict: bool = False) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tepo-verl doctor", description=__doc__.split("\n\n")[0])
-    parser.add_argument("run", type=Path, help="a run folder (with metrics.jsonl) or a verl file-logger .jsonl")
+    parser.add_argument("run", type=Path, help="a run folder (with metrics.jsonl or metrics.jsonl.gz) or a verl "
+                        "file-logger .jsonl (or .jsonl.gz)")
     parser.add_argument("--config", type=Path, help="the composed config (.hydra/config.yaml or a --cfg job dump)")
     parser.add_argument("--console", type=Path, help="the run's console output (default: console.log beside it)")
     parser.add_argument("--strict", action="store_true", help="exit 1 on warnings too")

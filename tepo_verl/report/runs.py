@@ -5,16 +5,22 @@ so before a resumed run starts the recipes move the file aside (`keep_segments`)
 segment, `metrics.segment-1.jsonl`, `metrics.segment-2.jsonl`, ... the earlier ones in order. Reading a run reads
 its segments as one run ordered by step; where a step appears in two segments, the later segment's value of each
 metric wins (a resumed run recomputes the steps after its checkpoint, and validates again at the checkpoint's step).
+
+Every reader takes a metrics file plain or gzip-compressed (`metrics.jsonl.gz`, as the committed study runs are
+kept): `open_metrics` opens either, and `metrics_file` finds the one a run folder holds.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import glob
+import gzip
 import json
 import math
 import re
+import zlib
 from pathlib import Path
+from typing import TextIO
 
 #: The metrics the report reads, as verl 0.9 (and tepo-verl's run_metrics hook) name them in the file logger.
 REWARD = "critic/score/mean"
@@ -43,8 +49,16 @@ OLDER_PENALTY_GRAD_RATIO = "actor/tepo/penalty_grad_ratio"
 FILTER_GROUPS_PREFIX = "training/filter_groups/"
 VAL_CORE = re.compile(r"^val-core/(?P<source>.+)/(?P<var>acc|reward)/mean@\d+$")
 
+#: A run folder's metrics file as verl's file logger writes it (recipes/common.sh and recipes/cpu.sh point
+#: VERL_FILE_LOGGER_PATH there), and the gzip suffix of its compressed copy (`metrics.jsonl.gz`).
+METRICS_NAME = "metrics.jsonl"
+GZIP_SUFFIX = ".gz"
+#: What reading a metrics file may raise besides a bad record: a missing or unreadable file, a corrupt or cut-off
+#: gzip stream (gzip.BadGzipFile is an OSError; a stream that ends early raises EOFError), bytes that are not UTF-8.
+READ_ERRORS = (OSError, EOFError, zlib.error, UnicodeDecodeError)
+
 _SEED_SUFFIX = re.compile(r"[-_.]?(seed|s)(?P<seed>\d+)$")
-_SEGMENT = re.compile(r"^(?P<base>.+)\.segment-(?P<number>[1-9]\d*)\.jsonl$")
+_SEGMENT = re.compile(r"^(?P<base>.+)\.segment-(?P<number>[1-9]\d*)\.jsonl(?P<gz>\.gz)?$")
 
 
 class RunError(Exception):
@@ -94,9 +108,35 @@ def _finite(value) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def is_compressed(path: Path) -> bool:
+    return path.name.endswith(GZIP_SUFFIX)
+
+
+def open_metrics(path: Path) -> TextIO:
+    """A file-logger JSONL opened for reading as text: gzip-compressed when its name ends in .gz, else plain."""
+    return gzip.open(path, "rt", encoding="utf-8") if is_compressed(path) else open(path, encoding="utf-8")
+
+
+def metrics_file(folder: Path) -> Path:
+    """The metrics file of a run folder: `metrics.jsonl` (as verl's file logger writes it) or `metrics.jsonl.gz`
+    (as a study keeps a finished run); where the folder holds neither, the plain name, which does not exist."""
+    plain, compressed = folder / METRICS_NAME, folder / (METRICS_NAME + GZIP_SUFFIX)
+    if plain.is_file() and compressed.is_file():
+        raise RunError(f"run folder {folder} holds both {plain.name} and {compressed.name}: keep one")
+    return compressed if compressed.is_file() else plain
+
+
+def _stem(path: Path) -> str:
+    """The file name without .jsonl or .jsonl.gz (any other name without its last suffix)."""
+    name = path.name.removesuffix(GZIP_SUFFIX) if is_compressed(path) else path.name
+    return name.removesuffix(".jsonl") if name.endswith(".jsonl") else Path(name).stem
+
+
 def run_name(path: Path) -> str:
-    """The file name without .jsonl, or for the recipes' `<experiment>/metrics.jsonl` the folder name."""
-    return path.parent.name if path.stem == "metrics" and path.parent.name else path.stem
+    """The file name without .jsonl (or .jsonl.gz), or for the recipes' `<experiment>/metrics.jsonl` the folder
+    name."""
+    stem = _stem(path)
+    return path.parent.name if stem == "metrics" and path.parent.name else stem
 
 
 def default_label(path: Path) -> str:
@@ -107,30 +147,41 @@ def default_label(path: Path) -> str:
 
 
 def is_file_logger_run(path: Path) -> bool:
-    """Whether the first record of a .jsonl file is a file-logger record ({"step": ..., "data": {...}}); verl's
-    validation dumps ({"input", "output", ...}) and other jsonl files are not."""
+    """Whether the first record of a .jsonl (or .jsonl.gz) file is a file-logger record ({"step": ..., "data":
+    {...}}); verl's validation dumps ({"input", "output", ...}) and other jsonl files are not."""
     try:
-        with open(path, encoding="utf-8") as handle:
+        with open_metrics(path) as handle:
             first = next((line for line in handle if line.strip()), "")
         record = json.loads(first)
-    except (ValueError, OSError):  # UnicodeDecodeError is a ValueError
+    except (ValueError, *READ_ERRORS):
         return False
     return isinstance(record, dict) and "step" in record and isinstance(record.get("data"), dict)
 
 
 def base_of_segment(path: Path) -> Path | None:
-    """`metrics.segment-2.jsonl` -> `metrics.jsonl` (the run it belongs to); None for any other file."""
+    """`metrics.segment-2.jsonl` -> `metrics.jsonl` (the run it belongs to: its latest segment, plain or
+    compressed, whichever exists; where neither does, the segment's own compression); None for any other file."""
     match = _SEGMENT.match(path.name)
-    return path.with_name(f"{match['base']}.jsonl") if match else None
+    if not match:
+        return None
+    plain = path.with_name(f"{match['base']}.jsonl")
+    compressed = plain.with_name(plain.name + GZIP_SUFFIX)
+    if plain.is_file():
+        return plain
+    return compressed if compressed.is_file() or match["gz"] else plain
 
 
 def segments(path: Path) -> list[Path]:
-    """The files of the run whose latest segment is `path`, earliest first (`path` last, where it exists)."""
-    numbered = {}
-    for candidate in path.parent.glob(glob.escape(path.stem) + ".segment-*.jsonl"):
+    """The files of the run whose latest segment is `path`, earliest first (`path` last, where it exists). Each
+    segment may be plain or compressed; one segment number in both forms is an error."""
+    numbered: dict[int, Path] = {}
+    for candidate in sorted(path.parent.glob(glob.escape(_stem(path)) + ".segment-*.jsonl*")):
         match = _SEGMENT.match(candidate.name)
-        if match and match["base"] == path.stem:
-            numbered[int(match["number"])] = candidate
+        if match and match["base"] == _stem(path):
+            other = numbered.setdefault(int(match["number"]), candidate)
+            if other != candidate:
+                raise RunError(f"segment {match['number']} of run {path} is there twice: {other.name} and "
+                               f"{candidate.name}: keep one")
     return [numbered[n] for n in sorted(numbered)] + ([path] if path.is_file() else [])
 
 
@@ -146,26 +197,27 @@ def keep_segments(metrics: Path, resuming: bool) -> str | None:
     if not metrics.is_file() or metrics.stat().st_size == 0:
         return None
     numbers = [int(_SEGMENT.match(f.name)["number"]) for f in earlier]
-    target = metrics.with_name(f"{metrics.stem}.segment-{max(numbers, default=0) + 1}.jsonl")
+    target = metrics.with_name(f"{_stem(metrics)}.segment-{max(numbers, default=0) + 1}.jsonl")
     metrics.rename(target)
     return f"resuming: kept the metrics so far as {target.name} (tepo-verl compare reads the segments as one run)"
 
 
 def parse_run_spec(spec: str) -> list[tuple[str | None, Path]]:
-    """`LABEL=PATH` or `PATH`; PATH is a .jsonl file, or a folder searched for file-logger *.jsonl files (other
-    jsonl files there, such as validation dumps, are passed over). A run's earlier segments are not runs of their
-    own: they are read with it."""
+    """`LABEL=PATH` or `PATH`; PATH is a .jsonl or .jsonl.gz file, or a folder searched for file-logger files of
+    either kind (other jsonl files there, such as validation dumps, are passed over). A run's earlier segments are
+    not runs of their own: they are read with it."""
     label, _, path_text = spec.rpartition("=") if "=" in spec else (None, "", spec)
     path = Path(path_text)
     if path.is_dir():
-        found = [f for f in sorted(path.rglob("*.jsonl")) if is_file_logger_run(f)]
+        candidates = sorted({*path.rglob("*.jsonl"), *path.rglob("*.jsonl" + GZIP_SUFFIX)})
+        found = [f for f in candidates if is_file_logger_run(f)]
         files = sorted({base_of_segment(f) or f for f in found})
         if not files:
-            raise RunError(f"no verl file-logger *.jsonl file under {path}")
+            raise RunError(f"no verl file-logger *.jsonl or *.jsonl.gz file under {path}")
         return [(label or None, f) for f in files]
     path = base_of_segment(path) or path
     if not segments(path):
-        raise RunError(f"run file {path} does not exist (give a verl file-logger .jsonl or a folder)")
+        raise RunError(f"run file {path} does not exist (give a verl file-logger .jsonl, .jsonl.gz or a folder)")
     return [(label or None, path)]
 
 
@@ -178,7 +230,7 @@ def load_run(path: Path, label: str | None = None) -> Run:
         raise RunError(f"cannot read run file {path}: it does not exist")
     for segment in files:
         try:
-            with open(segment, encoding="utf-8") as handle:
+            with open_metrics(segment) as handle:
                 for number, line in enumerate(handle, 1):
                     if not line.strip():
                         continue
@@ -188,7 +240,7 @@ def load_run(path: Path, label: str | None = None) -> Run:
                         metrics.setdefault(step, {}).update(data)
                     except (ValueError, KeyError, TypeError) as error:
                         raise RunError(f"{segment}:{number}: not a verl file-logger record ({error})") from None
-        except (OSError, UnicodeDecodeError) as error:
+        except READ_ERRORS as error:
             raise RunError(f"cannot read run file {segment}: {error}") from None
     metrics = dict(sorted(metrics.items()))
     if not metrics:
