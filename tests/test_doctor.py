@@ -373,7 +373,7 @@ def metrics_verl_logged() -> set[str]:
     dynamic sampling logs the filter's metrics), the plugin's run metrics included."""
     names: set[str] = set()
     for arm in ("tepo-seed1", "dapo-seed1"):
-        for line in (RUNS.parent / "cpu-chain" / arm / "metrics.jsonl").read_text().splitlines():
+        for line in committed_lines(RUNS.parent / "cpu-chain" / arm):
             names |= set(json.loads(line)["data"])
     return names
 

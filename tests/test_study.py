@@ -259,6 +259,14 @@ def test_the_committed_tables_name_their_runs_inside_the_repository():
             assert not Path(row["run"]).is_absolute() and (REPO / row["run"]).is_file(), (table, row["run"])
 
 
+def test_no_committed_run_keeps_its_metrics_uncompressed():
+    """benchmarks/results holds each run's metrics as metrics.jsonl.gz only (the runner's store_metrics)."""
+    results = REPO / "benchmarks" / "results"
+    assert not sorted(results.rglob("*.jsonl")), "uncompressed JSONL under benchmarks/results"
+    runs = sorted(path.parent for path in results.glob("*/*/run.json"))
+    assert len(runs) >= 100 and all((run / "metrics.jsonl.gz").is_file() for run in runs)
+
+
 def test_the_runs_readers_read_a_compressed_run_as_its_plain_copy(tmp_path):
     """last_step and finished: the same answer on a run folder with metrics.jsonl and on its compressed copy."""
     for name, accuracies in (("whole", [0.3] * 4), ("short", [0.3] * 3)):  # steps 0-3 and 0-2 of a 3-step regime
