@@ -73,7 +73,8 @@ def test_records_wait_for_complete_lines(tmp_path):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--algos", "tepo,ppo"], "unknown algorithm 'ppo' in --algos; valid: dapo, gmpo, grpo, gspo, kl_cov, tepo, tepo_nomask"),
+        (["--algos", "tepo,ppo"], "unknown algorithm 'ppo' in --algos; valid: cispo, clip_cov, dapo, dr_grpo, gmpo, "
+                                  "grpo, gspo, kl_cov, sapo, tepo, tepo_nomask"),
         (["--algos", ","], "--algos names no preset"),
         (["--algos", "tepo,tepo"], "--algos repeats a preset"),
     ],

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 from omegaconf import OmegaConf
-from verl_config import compose_config
+from verl_config import actor_config, compose_config
 
 from tepo_verl.core.options import TepoOptions
 from tepo_verl.verl_adapter.checks import TepoConfigError, check_tepo_config
@@ -40,6 +40,37 @@ PRESETS = {
              "actor_rollout_ref.actor.clip_ratio_low": 0.2, "actor_rollout_ref.actor.clip_ratio_high": 0.28,
              "actor_rollout_ref.actor.loss_agg_mode": "token-mean", "actor_rollout_ref.actor.use_kl_loss": False,
              "algorithm.filter_groups.enable": True, "algorithm.filter_groups.max_num_gen_batches": 0},
+    "gmpo": {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.actor.policy_loss.loss_mode": "geo_mean",
+             "actor_rollout_ref.actor.clip_ratio_low": 0.4, "actor_rollout_ref.actor.clip_ratio_high": 0.4,
+             "actor_rollout_ref.actor.use_kl_loss": False, "algorithm.filter_groups.enable": False},
+    "kl_cov": {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.actor.policy_loss.loss_mode": "kl_cov",
+               "actor_rollout_ref.actor.policy_loss.kl_cov_ratio": 0.002,
+               "actor_rollout_ref.actor.policy_loss.ppo_kl_coef": 1.0,
+               "actor_rollout_ref.actor.loss_agg_mode": "token-mean", "actor_rollout_ref.actor.use_kl_loss": False,
+               "algorithm.filter_groups.enable": False},
+    "dr_grpo": {"algorithm.adv_estimator": "grpo", "algorithm.norm_adv_by_std_in_grpo": False,
+                "actor_rollout_ref.actor.policy_loss.loss_mode": "vanilla",
+                "actor_rollout_ref.actor.clip_ratio_low": 0.2, "actor_rollout_ref.actor.clip_ratio_high": 0.2,
+                "actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-sum-norm",
+                "actor_rollout_ref.actor.loss_scale_factor": 512,  # verl's default data.max_response_length
+                "actor_rollout_ref.actor.use_kl_loss": False, "algorithm.filter_groups.enable": False},
+    "cispo": {"algorithm.adv_estimator": "grpo", "algorithm.norm_adv_by_std_in_grpo": True,
+              "actor_rollout_ref.actor.policy_loss.loss_mode": "cispo",
+              "actor_rollout_ref.actor.clip_ratio_low": 10.0, "actor_rollout_ref.actor.clip_ratio_high": 0.2,
+              "actor_rollout_ref.actor.loss_agg_mode": "token-mean", "actor_rollout_ref.actor.use_kl_loss": True,
+              "actor_rollout_ref.actor.kl_loss_coef": 0.001, "actor_rollout_ref.actor.kl_loss_type": "low_var_kl",
+              "algorithm.filter_groups.enable": False},
+    "sapo": {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.actor.policy_loss.loss_mode": "sapo",
+             "actor_rollout_ref.actor.tau_pos": 1.0, "actor_rollout_ref.actor.tau_neg": 1.05,
+             "actor_rollout_ref.actor.use_kl_loss": False, "algorithm.filter_groups.enable": False},
+    "clip_cov": {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.actor.policy_loss.loss_mode": "clip_cov",
+                 "actor_rollout_ref.actor.clip_ratio_low": 1.0, "actor_rollout_ref.actor.clip_ratio_high": 1.0,
+                 "actor_rollout_ref.actor.clip_ratio_c": 10.0,
+                 "actor_rollout_ref.actor.policy_loss.clip_cov_ratio": 0.0002,
+                 "actor_rollout_ref.actor.policy_loss.clip_cov_lb": 1.0,
+                 "actor_rollout_ref.actor.policy_loss.clip_cov_ub": 5.0,
+                 "actor_rollout_ref.actor.loss_agg_mode": "token-mean", "actor_rollout_ref.actor.use_kl_loss": False,
+                 "algorithm.filter_groups.enable": False},
 }
 
 #: Keys every preset sets, so that a comparison differs in the preset alone.
@@ -65,6 +96,19 @@ def test_presets_compose_with_the_defining_keys(name):
         assert OmegaConf.select(cfg, key) is not None, key
     assert OmegaConf.select(base, "algorithm.adv_estimator") == "gae"
     check_tepo_config(cfg)  # every preset is a valid configuration
+    actor = actor_config([f"+algorithm={name}"])  # and verl builds its actor dataclass from it, as the workers do
+    assert actor.policy_loss.loss_mode == PRESETS[name]["actor_rollout_ref.actor.policy_loss.loss_mode"]
+
+
+def test_dr_grpos_loss_scale_factor_follows_the_response_length():
+    """Dr. GRPO's constant normaliser is the run's data.max_response_length, for the actor and (through verl's own
+    interpolation) the critic."""
+    overrides = ["+algorithm=dr_grpo", "data.max_response_length=3072"]
+    cfg = compose_config(overrides)
+    assert OmegaConf.select(cfg, "actor_rollout_ref.actor.loss_scale_factor") == 3072
+    assert OmegaConf.select(cfg, "critic.loss_scale_factor") == 3072
+    assert actor_config(overrides).loss_scale_factor == 3072
+    assert actor_config(["+algorithm=grpo"]).loss_scale_factor is None  # verl's default; unread by other modes
 
 
 def test_every_preset_sets_every_defining_key():
@@ -97,8 +141,6 @@ def test_main_ppo_cfg_job_with_the_stock_entry_point(spelling):
     {"mask_old_rtol": 0.0},
 ], ids=str)
 def test_the_control_variants_are_plain_overrides_of_the_preset(changed):
-    from verl_config import actor_config
-
     overrides = ["+algorithm=tepo", *(f"actor_rollout_ref.actor.policy_loss.tepo.{k}={v}" for k, v in changed.items())]
     assert actor_config(overrides).policy_loss.tepo == dataclasses.replace(TepoOptions(), **changed)
     check_tepo_config(compose_config(overrides))

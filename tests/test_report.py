@@ -38,7 +38,7 @@ from tepo_verl.report.compare import (
 from tepo_verl.report.runs import RunError, default_label, load_runs, metrics_file
 
 PRESETS_DOC = Path(__file__).resolve().parents[1] / "docs" / "presets.md"
-PRESETS = ["tepo", "tepo_nomask", "gspo", "grpo", "dapo", "gmpo", "kl_cov"]
+PRESETS = ["tepo", "tepo_nomask", "gspo", "grpo", "dapo", "gmpo", "kl_cov", "dr_grpo", "cispo", "sapo", "clip_cov"]
 
 VAL = {  # label, seed -> validation accuracy at steps 0, 5, 10, 15, 20 (target 0.5 in the tests)
     ("tepo", 1): [0.1, 0.3, 0.5, 0.6, 0.6],  # reaches 0.5 at step 10
@@ -439,7 +439,8 @@ def _leaves(node, prefix=""):
 
 
 def _text(value) -> str:
-    return "true" if value is True else "false" if value is False else str(value)
+    """A composed value as YAML spells it (true, false, null), else its str()."""
+    return "true" if value is True else "false" if value is False else "null" if value is None else str(value)
 
 
 def documented_preset_differences() -> tuple[list[str], dict[str, list[str]]]:

@@ -26,7 +26,7 @@ from verl_config import compose_config
 
 from tepo_verl.verl_adapter import run_metrics
 
-PRESETS = ["tepo", "tepo_nomask", "gspo", "grpo", "dapo", "gmpo", "kl_cov"]
+PRESETS = ["tepo", "tepo_nomask", "gspo", "grpo", "dapo", "gmpo", "kl_cov", "dr_grpo", "cispo", "sapo", "clip_cov"]
 
 
 class KVStore:
@@ -111,10 +111,13 @@ def test_patched_agg_loss_returns_verls_value(mode):
 
 
 # Rows of different lengths, so token-mean (every token weighs the same) and seq-mean-token-mean (every response
-# weighs the same) differ: token-mean = 2.4 / 5 = 0.48; seq-mean-token-mean = (0.2 + 0.55 + 0.9) / 3 = 0.55.
+# weighs the same) differ: token-mean = 2.4 / 5 = 0.48; seq-mean-token-mean = (0.2 + 0.55 + 0.9) / 3 = 0.55;
+# Dr. GRPO's seq-mean-token-sum-norm = (0.4 + 1.1 + 0.9) / 3 / loss_scale_factor = 0.8 / loss_scale_factor.
 ENTROPIES = [[0.1, 0.3], [1.0, 0.1], [0.9]]
 PROMPT_LENS = [3, 1, 4]
-TOKEN_MEAN, SEQ_MEAN = 0.48, 0.55
+TOKEN_MEAN, SEQ_MEAN, SEQ_SUM = 0.48, 0.55, 0.8
+#: Each preset's loss_agg_mode (the others are token-mean).
+AGG_MODES = {"gspo": "seq-mean-token-mean", "grpo": "seq-mean-token-mean", "dr_grpo": "seq-mean-token-sum-norm"}
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -132,10 +135,13 @@ def test_entropy_token_mean_is_logged_for_every_preset(preset, monkeypatch):
     batch = trainer._compute_old_log_prob(KVBatchMeta(partition_id="train", keys=keys, tags=[{}] * 3), metrics)
     assert len(batch) == 3
     assert metrics[run_metrics.ENTROPY_TOKEN_MEAN] == pytest.approx(TOKEN_MEAN, rel=1e-6)
-    agg = trainer.config.actor_rollout_ref.actor.loss_agg_mode
+    actor = trainer.config.actor_rollout_ref.actor
+    agg = actor.loss_agg_mode
     # verl's own actor/entropy follows the preset's loss_agg_mode, so it is not one quantity across presets.
-    assert metrics["actor/entropy"] == pytest.approx(TOKEN_MEAN if agg == "token-mean" else SEQ_MEAN, rel=1e-6)
-    assert agg == ("seq-mean-token-mean" if preset in ("gspo", "grpo") else "token-mean")
+    verl_entropy = (TOKEN_MEAN if agg == "token-mean" else SEQ_MEAN if agg == "seq-mean-token-mean"
+                    else SEQ_SUM / actor.loss_scale_factor)  # seq-mean-token-sum-norm (Dr. GRPO)
+    assert metrics["actor/entropy"] == pytest.approx(verl_entropy, rel=1e-6)
+    assert agg == AGG_MODES.get(preset, "token-mean")
     # verl stored the old entropy per response token for the loss, unchanged by the hook
     assert torch.allclose(store.rows[("train", keys[0])]["entropy"], torch.tensor([0.1, 0.3]))
 

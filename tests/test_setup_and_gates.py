@@ -148,7 +148,8 @@ def test_cpu_recipe_dry_run_prints_the_config_and_starts_nothing(tmp_path):
 @pytest.mark.parametrize(
     "env, message",
     [
-        ({"ALGO": "ppo"}, "unknown ALGO='ppo'. Valid: dapo, gmpo, grpo, gspo, kl_cov, tepo, tepo_nomask"),
+        ({"ALGO": "ppo"}, "unknown ALGO='ppo'. Valid: cispo, clip_cov, dapo, dr_grpo, gmpo, grpo, gspo, kl_cov, sapo, "
+                          "tepo, tepo_nomask"),
         ({"STEPS": "0"}, "STEPS must be a positive integer, got '0'"),
         ({"MINI": "3"}, "MINI dividing BATCH, got BATCH='4' MINI='3'"),
         ({"LR": "0"}, "LR must be a positive number (such as 1e-4 or 0.00003), got '0'"),

@@ -7,56 +7,24 @@ import numpy as np
 import pytest
 import torch
 from batches import random_batch
-from engine_batch import mini_batch, micro_batches, model_output
+from engine_batch import fresh, run, value
 from omegaconf import OmegaConf
 from tepo_reference import reference_advantage, reference_tepo
 from verl import DataProto
 from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.ray_trainer import compute_advantage
-from verl.utils.metric import AggregationType, Metric
+from verl.utils.metric import AggregationType
 from verl.workers.utils import losses
 from verl_config import actor_config
 
 from tepo_verl.core import TepoOptions
 from tepo_verl.verl_adapter import actor_loss
 
-PROMPT_LENS = [3, 2, 5, 1, 4, 2, 3, 6]
 TEPO_METRICS = {
     "tepo/mask_frac", "tepo/masked_kl_mean", "tepo/seq_ratio_mean", "tepo/seq_ratio_min", "tepo/seq_ratio_max",
     "tepo/seq_clipfrac", "tepo/entropy", "tepo/entropy_delta", "tepo/surprisal_disagreement",
     "tepo/mask_fallback_used",
 }
-
-
-def run(loss_fn, config, batch, *, rows=None, n_micro=1, with_entropy=True, **mini_kwargs):
-    """Run `loss_fn` over the micro-batches of rows `rows`, as the engine does; return losses and metrics.
-
-    Gradients accumulate into batch.log_prob.grad (one backward per micro-batch, like gradient accumulation)."""
-    rows = list(range(batch.response_mask.shape[0])) if rows is None else rows
-    sub = random_batch.__globals__["Batch"](**{
-        k: getattr(batch, k)[rows] for k in ("log_prob", "old_log_prob", "advantages", "response_mask",
-                                           "entropy", "old_entropy", "ref_log_prob", "is_weights")})
-    data = mini_batch(sub, [PROMPT_LENS[r % len(PROMPT_LENS)] for r in rows],
-                      micro_batch_size=len(rows) // n_micro, **mini_kwargs)
-    losses_, metrics, start = [], [], 0
-    for mb in micro_batches(data):
-        idx = [rows[k] for k in range(start, start + len(mb))]
-        start += len(mb)
-        out = model_output(batch.log_prob[idx], batch.entropy[idx] if with_entropy else None, mb)
-        loss, m = loss_fn(config, out, mb)
-        loss.backward()
-        losses_.append(loss.detach())
-        metrics.append(m)
-    return torch.stack(losses_), metrics
-
-
-def value(metric):
-    return metric.aggregate() if isinstance(metric, Metric) else metric
-
-
-def fresh(batch):
-    batch.log_prob.grad = None
-    return batch
 
 
 # ------------------------------------------------------------------ registration and binding
