@@ -47,6 +47,7 @@ import math
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -483,6 +484,22 @@ def shown(env: dict, argv: list[str], repo: Path) -> str:
     return " ".join([*(f"{k}={shlex.quote(rel(v))}" for k, v in env.items()), shlex.join(rel(a) for a in argv)])
 
 
+def run_recipe(argv: list[str], env: dict, log_file, timeout: float) -> int | str:
+    """Run the recipe in a process group of its own; its exit code, or "timeout" once the whole group (the recipe,
+    verl's driver and every Ray and vLLM process it started) is killed: a run cut short leaves nothing running
+    beside the next one."""
+    proc = subprocess.Popen(argv, env=env, cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return "timeout"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # also the group's strays after a normal exit
+        proc.wait()
+
+
 def run_one(run: Run, results: Path, scratch: Path, regime: dict, recipe: Path, lock: str | None,
             python: str, timeout: float, log, study: Study) -> bool:
     """Run one arm and seed in its scratch folder; on success store its metrics compressed (store_metrics) and
@@ -503,12 +520,7 @@ def run_one(run: Run, results: Path, scratch: Path, regime: dict, recipe: Path, 
     log(f"[study] {run.name}: {shown(env_add, argv, REPO)}")
     with holding(lock) as waited, open(work / "recipe.log", "w") as recipe_log:
         started = time.time()  # the run's own time: waiting for the lock is recorded apart
-        try:
-            proc = subprocess.run(argv, env=env, cwd=REPO, stdout=recipe_log, stderr=subprocess.STDOUT,
-                                  timeout=timeout)
-            code = proc.returncode
-        except subprocess.TimeoutExpired:
-            code = "timeout"
+        code = run_recipe(argv, env, recipe_log, timeout)
         wall = time.time() - started
     steps = int(regime["STEPS"])
     reached = last_step(metrics_file(work))
@@ -937,7 +949,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--recipe", type=Path, default=RECIPE, help="the recipe (default recipes/cpu.sh)")
     parser.add_argument("--lock", default=None,
                         help="hold an flock on this file during each run (a machine shared by others who use it)")
-    parser.add_argument("--timeout", type=float, default=1800, help="seconds allowed per run (default 1800)")
+    parser.add_argument("--timeout", type=float, default=5400,
+                        help="seconds allowed per run (default 5400: a run takes about 17 minutes on a quiet 2-core "
+                        "machine, up to three times that beside other work)")
     parser.add_argument("--max-runs", type=int, default=None, help="stop after this many new runs")
     parser.add_argument("--list", action="store_true", help="print the plan and which runs are finished; run nothing")
     parser.add_argument("--no-compare", action="store_true", help="skip the comparisons and the page at the end")

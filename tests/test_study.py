@@ -8,6 +8,7 @@ import fcntl
 import gzip
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -53,11 +54,11 @@ def fake(tmp_path, monkeypatch):
     page = tmp_path / "page.md"
     page.write_text(f"# Results\n\nprose before\n\n{CHAIN.page_begin}\nold tables\n{CHAIN.page_end}\n\nprose after\n")
 
-    def run(*args: str) -> tuple[int, list[dict]]:
+    def run(*args: str, on_log=lambda *_: None) -> tuple[int, list[dict]]:
         before = len(log.read_text().splitlines()) if log.exists() else 0
         code = study.main(["--results-root", str(tmp_path / "results"), "--scratch-root", str(tmp_path / "scratch"),
                            "--recipe", str(recipe), "--page-file", str(page), *args],
-                          log=lambda *_: None)
+                          log=on_log)
         calls = [json.loads(line) for line in log.read_text().splitlines()[before:]] if log.exists() else []
         return code, calls
 
@@ -290,9 +291,14 @@ def test_the_lock_is_held_during_each_run_and_its_wait_recorded_apart(fake, tmp_
     with open(lock, "a") as held:
         fcntl.flock(held, fcntl.LOCK_EX)  # someone else's run
         releaser = threading.Timer(1.0, fcntl.flock, (held, fcntl.LOCK_UN))
-        releaser.start()
+
+        def on_log(line: str) -> None:  # the runner names the run just before it asks for the lock
+            if line.startswith("[study] grpo-seed1: TASK="):
+                releaser.start()
+
         began = time.time()
-        code, calls = run("--arms", "grpo", "--seeds", "1", "--steps", "2", "--no-compare", "--lock", str(lock))
+        code, calls = run("--arms", "grpo", "--seeds", "1", "--steps", "2", "--no-compare", "--lock", str(lock),
+                          on_log=on_log)
         total = time.time() - began
         releaser.join()
     assert code == 0 and len(calls) == 1
@@ -496,3 +502,25 @@ def test_the_plans_calls_are_read_from_the_comparisons_runs(tmp_path):
     section = "\n".join(study.calls_section(calls))
     assert "| tepo | tepo-kl10 | 5 of 5 | -0.0800 |" in section and "| consistent | tepo-kl10 |" in section
     assert "- **`kl_coef`**: pending (the dose arms' seeds 1-5)." in section  # tepo-kl100 has no run
+
+
+def test_a_run_cut_short_leaves_no_process_of_its_own_behind(tmp_path):
+    """The recipe starts verl's driver, which starts Ray and vLLM: on a timeout the whole process group goes, not
+    only the recipe's shell (a leftover trainer once kept training beside the next run)."""
+    pid_file = tmp_path / "child.pid"
+    recipe = tmp_path / "recipe.sh"
+    recipe.write_text(f"#!/usr/bin/env bash\nsleep 300 &\necho $! > {pid_file}\nwait\n")
+    began = time.time()
+    with open(tmp_path / "recipe.log", "w") as log:
+        code = study.run_recipe(["bash", str(recipe)], dict(os.environ), log, timeout=2)
+    assert code == "timeout" and time.time() - began < 30
+    child = int(pid_file.read_text())
+    deadline = time.time() + 10
+    while Path(f"/proc/{child}").exists() and time.time() < deadline:  # killed; reaped by init shortly after
+        state = Path(f"/proc/{child}/stat").read_text().split()[2] if Path(f"/proc/{child}/stat").exists() else "X"
+        if state == "Z":
+            break
+        time.sleep(0.1)
+    assert not Path(f"/proc/{child}").exists() or Path(f"/proc/{child}/stat").read_text().split()[2] == "Z"
+    with open(tmp_path / "recipe.log", "w") as log:  # a normal exit gives the recipe's own code
+        assert study.run_recipe(["bash", "-c", "exit 3"], dict(os.environ), log, timeout=10) == 3
