@@ -27,6 +27,7 @@ setup(
     description="TEPO (Token-Level Policy Optimization, ACL 2026) for verl: a documented reconstruction",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
+    license="Apache-2.0",
     python_requires=">=3.10",
     packages=find_packages(include=["tepo_verl", "tepo_verl.*"]) + ["hydra_plugins.tepo_verl_searchpath"],
     package_data={"tepo_verl": ["config/algorithm/*.yaml", "cpu/*.sh", "tiny/policies/*/*"]},
