@@ -28,7 +28,8 @@
 #   PYTHON    interpreter (default: python)
 #   DRY_RUN=1 print the composed config (`--cfg job`) and start nothing: no training, no tiny build, no version
 #             check, so it works on any machine with verl installed
-#   QUIET=1   verl's output goes to $RUN_DIR/console.log only, not to stdout (`tepo-verl demo` uses it)
+#   QUIET=1   verl's output goes to $RUN_DIR/console.log only, not to stdout (`tepo-verl demo` uses it); when verl
+#             fails, the last 25 lines of that log and its path go to stderr, and the recipe exits with verl's status
 #   COMPARE=0 skip the comparison table at the end
 # Extra arguments are passed to verl after the recipe's own, so they override them.
 set -euo pipefail
@@ -203,7 +204,17 @@ echo "[cpu.sh] file logger: $VERL_FILE_LOGGER_PATH"
 cd "$RUN_DIR"
 set -o pipefail
 if [[ "${QUIET:-0}" == 1 ]]; then
-  run_verl "$@" > "$RUN_DIR/console.log" 2>&1
+  # verl's output goes to the log alone; a failure shows the log's end and its path, and exits with verl's status
+  status=0
+  run_verl "$@" > "$RUN_DIR/console.log" 2>&1 || status=$?
+  if (( status != 0 )); then
+    {
+      echo "[cpu.sh] verl failed (exit $status); the end of its log:"
+      tail -n 25 "$RUN_DIR/console.log" | sed 's/^/    /'
+      echo "[cpu.sh] the whole log: $RUN_DIR/console.log"
+    } >&2
+    exit "$status"
+  fi
 else
   run_verl "$@" 2>&1 | tee "$RUN_DIR/console.log"
 fi

@@ -166,9 +166,9 @@ def run_one(algo: str, args: argparse.Namespace, env: dict[str, str]) -> Path:
                 proc.wait(30)
             raise
     if proc.returncode != 0:
-        raise RuntimeError(f"{algo}: recipes/cpu.sh failed (exit {proc.returncode}); the end of its log "
-                           f"({_show(run_dir / 'console.log')}):\n{_tail(run_dir / 'console.log')}\n"
-                           f"{_tail(run_dir / 'recipe.log', 4)}")
+        # the recipe's own output ends with the reason: a set-up error, or the end of verl's log and its path
+        raise RuntimeError(f"{algo}: recipes/cpu.sh failed (exit {proc.returncode}); the end of its output "
+                           f"({_show(run_dir / 'recipe.log')}):\n{_tail(run_dir / 'recipe.log', 27)}")
     print(f"[{algo}] done in {time.monotonic() - started:.0f} s", flush=True)
     return run_dir
 

@@ -22,7 +22,12 @@ FAKE_RECIPE = textwrap.dedent(
     # Stands in for recipes/cpu.sh: writes verl-like file-logger records one by one, and its log.
     set -euo pipefail
     echo "verl would print hundreds of lines here" > "$RUN_DIR/console.log"
-    [[ "${FAKE_FAIL:-}" == "$ALGO" ]] && { echo "Traceback: boom in $ALGO" >> "$RUN_DIR/console.log"; exit 3; }
+    if [[ "${FAKE_FAIL:-}" == "$ALGO" ]]; then  # as the recipe fails in quiet mode: the log's end and its path
+      echo "Traceback: boom in $ALGO" >> "$RUN_DIR/console.log"
+      { echo "[cpu.sh] verl failed (exit 3); the end of its log:"; tail -n 25 "$RUN_DIR/console.log" | sed 's/^/    /'
+        echo "[cpu.sh] the whole log: $RUN_DIR/console.log"; } >&2
+      exit 3
+    fi
     acc=0.25
     for step in $(seq 0 "$STEPS"); do
       data="{\\"training/global_step\\": $step"
@@ -171,13 +176,15 @@ def test_the_headline_falls_back_to_the_next_study_until_the_first_has_runs(tmp_
     assert lines[0].startswith("These runs show verl's trainer running each algorithm; 6 steps of a tiny model")
 
 
-def test_a_failed_run_stops_with_its_log_tail(fake_recipe, monkeypatch, capsys):
+def test_a_failed_run_stops_with_its_log_tail(fake_recipe, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("FAKE_FAIL", "grpo")
     assert demo.main(["--steps", "2", "--runs-root", "runs"]) == 1
     captured = capsys.readouterr()
     assert "[tepo] done in" in captured.out and "[dapo]" not in captured.out
     assert "error: grpo: recipes/cpu.sh failed (exit 3)" in captured.err
-    assert "Traceback: boom in grpo" in captured.err  # the end of verl's log, to see why
+    # what the recipe said: the end of verl's log, to see why, and where the whole log is
+    assert "    Traceback: boom in grpo" in captured.err
+    assert f"[cpu.sh] the whole log: {(tmp_path / 'runs' / 'grpo-seed1' / 'console.log').resolve()}" in captured.err
 
 
 def test_demo_reruns_start_clean(fake_recipe, tmp_path, capsys):

@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import conftest_data  # noqa: E402
 import conftest_e2e  # noqa: E402
+import recipe_standin  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -162,6 +163,38 @@ def test_cpu_recipe_bad_settings(env, message, tmp_path):
                           cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert message in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+
+
+# ---- recipes/cpu.sh QUIET=1: a failed run says why ------------------------------------------------------------------
+
+QUIET_FAILURE = "[cpu.sh] verl failed (exit 1); the end of its log:"
+
+
+def test_a_failed_quiet_run_prints_the_end_of_its_log_and_the_logs_path(tmp_path):
+    """verl fails to start (a stand-in that cannot reach its Ray cluster, tests/recipe_standin.py): the recipe exits
+    with verl's status and shows, on stderr, the last 25 lines of the run's console.log and the log's path; verl's
+    whole output stays in the log."""
+    run_dir = tmp_path / "runs" / "tepo-seed1"
+    proc, verl_args = recipe_standin.run_cpu_recipe(tmp_path, RUN_DIR=str(run_dir), QUIET="1",
+                                                    STANDIN_VERL_FAIL="could not reach the Ray cluster")
+    assert verl_args is not None and "algorithm=tepo" in verl_args  # the recipe got as far as verl
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    log = run_dir / "console.log"
+    logged = log.read_text().splitlines()
+    assert len(logged) > recipe_standin.VERL_CHATTER and logged[-1] == "ConnectionError: could not reach the Ray cluster"
+    lines = proc.stderr.splitlines()
+    assert lines[-1] == f"[cpu.sh] the whole log: {log}", proc.stderr
+    shown = lines[lines.index(QUIET_FAILURE) + 1:-1]
+    assert shown == ["    " + line for line in logged[-25:]], proc.stderr
+    assert "verl console line" not in proc.stdout  # the rest of verl's output stays in the log
+
+
+def test_a_quiet_run_that_succeeds_shows_nothing_of_verls_output(tmp_path):
+    run_dir = tmp_path / "runs" / "tepo-seed1"
+    proc, verl_args = recipe_standin.run_cpu_recipe(tmp_path, RUN_DIR=str(run_dir), QUIET="1")
+    assert proc.returncode == 0 and verl_args is not None, proc.stdout + proc.stderr
+    assert "verl console line" not in proc.stdout + proc.stderr and QUIET_FAILURE not in proc.stderr
+    assert (run_dir / "console.log").read_text().count("verl console line") == recipe_standin.VERL_CHATTER
 
 
 # ---- under CI=true a skip that bypasses the rule fails too (tests/conftest.py) -------------------------------------
