@@ -28,7 +28,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import conftest_e2e  # noqa: E402
-from conftest_e2e import REPO, run_recipe, training_lock  # noqa: E402
+from conftest_e2e import REPO, metric, run_recipe, training_lock  # noqa: E402
 
 from tepo_verl.report.compare import run_row  # noqa: E402
 from tepo_verl.report.runs import load_run, load_runs, segments  # noqa: E402
@@ -125,7 +125,12 @@ def test_cpu_recipe_on_a_pre_started_ray_cluster_logs_into_the_run_folder(cluste
     assert [r["step"] for r in cluster_run["records"] if TRAINING in r["data"]] == [1, 2, 3, 4]
     # and not into the worker's working directory, the logger's default without VERL_FILE_LOGGER_PATH
     assert not list(ray_head["temp_dir"].rglob(f"{run_dir.name}.jsonl"))
-    assert "[tepo-verl] advantage estimator 'tepo' ran" in console  # the plugin loaded in the Ray workers
+    # the plugin loaded in the Ray processes on their own (the head never saw the recipe's variables): the actor
+    # worker ran TEPO's loss with the preset's mask rule, and the trainer logged the plugin's run metrics
+    for record in (r for r in cluster_run["records"] if TRAINING in r["data"]):
+        data = record["data"]
+        assert metric(data, "tepo/mask_rule/surprisal_old") == 1.0, (record["step"], sorted(data))
+        assert metric(data, "tepo_verl/responses_generated") > 0, record["step"]
     compare = subprocess.run([sys.executable, "-m", "tepo_verl.report.compare", str(cluster_run["runs"]), "--out",
                               str(tmp_path / "compare"), "--no-plots", "--resamples", "200"],
                              capture_output=True, text=True, timeout=600, cwd=REPO)

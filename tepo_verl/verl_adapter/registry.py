@@ -38,17 +38,6 @@ def missing_input_message(error: MissingInputError) -> str:
     return "\n".join(lines)
 
 
-_ANNOUNCED = False
-
-
-def _announce_once(n_responses: int, n_groups: int) -> None:
-    """One console line per process, so a run's log shows that the TEPO estimator (not a fallback) ran."""
-    global _ANNOUNCED
-    if not _ANNOUNCED:
-        _ANNOUNCED = True
-        print(f"[tepo-verl] advantage estimator 'tepo' ran: {n_responses} responses in {n_groups} groups", flush=True)
-
-
 @register_adv_est(TEPO_ADV_ESTIMATOR)
 def compute_tepo_outcome_advantage(
     token_level_rewards: torch.Tensor,  # (B, T)
@@ -63,7 +52,6 @@ def compute_tepo_outcome_advantage(
     scores = token_level_rewards.sum(dim=-1)  # (B,)
     advantages = group_relative_advantage(scores, list(index), response_mask, norm_by_std=norm_by_std, eps=epsilon)
     advantages = advantages.to(token_level_rewards.dtype)
-    _announce_once(len(index), len(set(index)))
     return advantages, advantages
 
 
