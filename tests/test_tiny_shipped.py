@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 
 import pytest
+import recipe_standin
 import torch
 
 from tepo_verl.tiny import regenerate, reward, scratchpad, shipped
@@ -261,7 +262,16 @@ def test_scratchpad_styles_end_on_the_answer():
     assert len(set(keys.values())) == 3 and keys["running_rest"] == shipped.manifest("chain")["key"]
 
 
-def test_scratchpad_responses_are_long_and_fit_the_recipe():
+def _recipe_lengths(tmp_path: Path, task: str) -> tuple[int, int]:
+    """(data.max_prompt_length, data.max_response_length) that recipes/cpu.sh gives verl for TASK=task (its dry
+    run, with verl and the tiny build stood in: tests/recipe_standin.py)."""
+    proc, verl_args = recipe_standin.run_cpu_recipe(tmp_path, DRY_RUN="1", TASK=task)
+    assert proc.returncode == 0 and verl_args is not None, proc.stderr[-3000:]
+    given = dict(arg.split("=", 1) for arg in verl_args if arg.startswith("data.max_"))
+    return int(given["data.max_prompt_length"]), int(given["data.max_response_length"])
+
+
+def test_scratchpad_responses_are_long_and_fit_the_recipe(tmp_path):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(shipped.folder("scratchpad"))
@@ -270,10 +280,10 @@ def test_scratchpad_responses_are_long_and_fit_the_recipe():
     lengths = [len(tok.encode(scratchpad.solution(ops))) + 1 for ops in train + val]  # + the end of turn
     assert min(lengths) >= 27 and max(lengths) <= 30 and sum(lengths) / len(lengths) >= 24
     assert max(lengths) < scratchpad.MAX_RESPONSE_TOKENS
-    recipe = (REPO / "recipes" / "cpu.sh").read_text()
-    assert f"scratchpad) MAX_RESPONSE={scratchpad.MAX_RESPONSE_TOKENS} ;;" in recipe
+    prompt_budget, response_budget = _recipe_lengths(tmp_path, "scratchpad")
+    assert response_budget == scratchpad.MAX_RESPONSE_TOKENS  # the budget the shipped policy was measured with
     prompts = [len(scratchpad.encode_prompt(tok, scratchpad.question(ops))) for ops in train + val]
-    assert max(prompts) <= 64  # recipes/cpu.sh: data.max_prompt_length=64
+    assert max(prompts) <= prompt_budget
 
 
 def test_scratchpad_problems_are_seeded_and_distinct():
@@ -304,7 +314,7 @@ def test_chain_problems_have_three_to_five_operands_seeded_and_distinct():
         scratchpad.problems(21, seed=0, operands=(1, 2), operand_range=(1, 4))
 
 
-def test_chain_responses_vary_in_length_and_fit_the_recipe():
+def test_chain_responses_vary_in_length_and_fit_the_recipe(tmp_path):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(shipped.folder("chain"))
@@ -315,9 +325,10 @@ def test_chain_responses_vary_in_length_and_fit_the_recipe():
     # the longest at least twice the shortest (token-level aggregation acts on different lengths), mean >= 24
     assert max(lengths) >= 2 * min(lengths) and sum(lengths) / len(lengths) >= 24 and min(lengths) >= 21
     assert max(lengths) < spec.MAX_RESPONSE_TOKENS
-    assert f"chain) MAX_RESPONSE={spec.MAX_RESPONSE_TOKENS} ;;" in (REPO / "recipes" / "cpu.sh").read_text()
+    prompt_budget, response_budget = _recipe_lengths(tmp_path, "chain")
+    assert response_budget == spec.MAX_RESPONSE_TOKENS  # the budget the shipped policy was measured with
     prompts = [len(scratchpad.encode_prompt(tok, scratchpad.question(ops))) for ops in train + val]
-    assert max(prompts) <= 64  # recipes/cpu.sh: data.max_prompt_length=64
+    assert max(prompts) <= prompt_budget
 
 
 def test_default_chain_build_installs_the_shipped_policy_and_the_chain_data(tmp_path):
