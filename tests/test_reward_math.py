@@ -213,24 +213,17 @@ def test_no_silent_unbounded_fallback_when_workers_cannot_run(monkeypatch):
     assert compute_score("x", "\\boxed{1}", "1", isolation="inline")["acc"] == 1.0  # the explicit choice
 
 
-def test_math_verify_signal_timeouts_fail_in_threads_but_ours_do_not():
-    """The bug this reward avoids: math-verify's default (signal.alarm) timeouts only work in the main thread."""
-    from math_verify import parse
-
+def test_grading_works_outside_the_main_thread():
+    """The bug this reward avoids: math-verify's default timeouts use signal.alarm, which works in the main thread
+    only, and verl's reward manager calls the reward from a worker thread (tests/test_reward_verl.py)."""
     outcome = {}
 
     def in_thread():
-        try:
-            parse("\\boxed{1}")  # default parsing_timeout=5 -> signal.alarm
-            outcome["default"] = "ok"
-        except ValueError as error:
-            outcome["default"] = str(error)
         outcome["ours"] = [compute_score("x", "\\boxed{1}", "1", isolation=iso)["score"] for iso in ("inline", "process")]
 
     thread = threading.Thread(target=in_thread)
     thread.start()
     thread.join(60)
-    assert "threaded environment" in outcome["default"]
     assert outcome["ours"] == [1.0, 1.0]
 
 

@@ -11,7 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import conftest_data  # noqa: E402
 
-from tepo_verl.data.templates import DEFAULT_TEMPLATE, QWEN_MATH_INSTRUCTION, TEMPLATES  # noqa: E402
+from tepo_verl.data.templates import DEFAULT_TEMPLATE, TEMPLATES  # noqa: E402
 
 DOC = conftest_data.REPO_ROOT / "docs" / "data-reward-eval.md"
 QUESTION = "Find the remainder when $2^{10}$ is divided by $7$."
@@ -53,10 +53,6 @@ def qwen25_math_style(tokenizer):
     default_system = ("{%- if not tools and messages[0].role != 'system' %}{{- '<|im_start|>system\\n"
                       + INSTRUCTION.replace("\\", "\\\\") + "<|im_end|>\\n' }}{%- endif %}")
     return default_system + tokenizer.chat_template
-
-
-def test_default_is_the_instruction_as_system_message():
-    assert DEFAULT_TEMPLATE == "qwen_math_system" and QWEN_MATH_INSTRUCTION == INSTRUCTION
 
 
 @pytest.mark.parametrize("name", RENDERED)
