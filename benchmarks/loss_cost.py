@@ -17,7 +17,6 @@ import statistics
 import time
 
 import torch
-
 import verl  # noqa: F401  (loads the tepo-verl plugin)
 from hydra import compose, initialize_config_module
 from verl.trainer.ppo.core_algos import get_policy_loss_fn
@@ -83,10 +82,11 @@ def main():
         old, new, adv, mask, entropy = make_inputs(args.batch, args.length, dtype, device)
         unit = args.batch * args.length * 4
 
-        def run(mode):
+        def run(mode, old=old, new=new, adv=adv, mask=mask, entropy=entropy):  # this dtype's inputs
             log_prob = new.detach().clone().requires_grad_(True)
             fn = get_policy_loss_fn(mode)
-            token = _EXTRAS.set(TepoExtras(old_entropy=entropy)) if mode == "tepo" else None  # the preset: stored entropy only
+            # the preset: the stored entropy only
+            token = _EXTRAS.set(TepoExtras(old_entropy=entropy)) if mode == "tepo" else None
             try:
                 loss, _ = fn(old, log_prob, adv, mask, "token-mean", configs[mode], None)
             finally:

@@ -283,7 +283,8 @@ def check_stack() -> str | None:
     if check.returncode == 0:
         return None
     reason = "; ".join(line.strip() for line in check.stderr.strip().splitlines()[:3])
-    return f"the CPU stack is not the tested one ({reason}); `make demo` installs it, or: bash tepo_verl/cpu/install_cpu.sh"
+    return (f"the CPU stack is not the tested one ({reason}); `make demo` installs it, or: "
+            "bash tepo_verl/cpu/install_cpu.sh")
 
 
 def prepare_tiny() -> tuple[str, int | None]:

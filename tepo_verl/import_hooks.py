@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib.abc
 import sys
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 _HOOKS: dict[str, list[Callable]] = {}
 _LOCK = threading.RLock()

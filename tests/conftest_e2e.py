@@ -20,11 +20,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest_data import in_ci, skip_or_fail  # noqa: F401  (one rule for every prerequisite: skip here, fail in CI)
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-from conftest_data import in_ci, skip_or_fail  # noqa: F401  (one rule for every prerequisite: skip here, fail in CI)
 
 
 def cpu_stack_problem() -> str | None:

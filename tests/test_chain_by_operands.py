@@ -32,7 +32,8 @@ def test_accuracy_by_operand_count_at_every_validation_step_in_step_order(tmp_pa
     first, second = rows
     assert (first["all"], first["operands_3"], first["n_3"], first["operands_4"], first["operands_5"]) == (
         "0.5", "0.5", "2", "1.0", "0.0")
-    assert (second["all"], second["operands_3"], second["operands_4"], second["operands_5"]) == ("0.5", "0.0", "1.0", "")
+    assert (second["all"], second["operands_3"], second["operands_4"], second["operands_5"]) == (
+        "0.5", "0.0", "1.0", "")
     assert "   4  0.500  0.500  1.000  0.000" in capsys.readouterr().out
 
 

@@ -23,7 +23,8 @@ def test_help_of_each_command(name, capsys):
 
 def test_unknown_command(capsys):
     assert main(["train"]) == 2
-    assert "unknown command 'train'; valid: demo, data, eval, compare, tiny, cpu-check, doctor" in capsys.readouterr().err
+    valid = "demo, data, eval, compare, tiny, cpu-check, doctor"
+    assert f"unknown command 'train'; valid: {valid}" in capsys.readouterr().err
     assert main([]) == 0
 
 
@@ -56,7 +57,8 @@ def test_data_bad_input(argv, fragments, tmp_path, capsys):
     (tmp_path / "corrupt.parquet").write_text("not parquet")
     (tmp_path / "corrupt.jsonl").write_text("{oops\n")
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
-    _one_line_error(capsys, main(["data", *argv]), 2, "error: ", *[f.replace("{tmp}", str(tmp_path)) for f in fragments])
+    _one_line_error(capsys, main(["data", *argv]), 2, "error: ",
+                    *[f.replace("{tmp}", str(tmp_path)) for f in fragments])
     assert not (tmp_path / "o").exists()
 
 
@@ -109,7 +111,8 @@ def test_cpu_check_vllm_that_does_not_import(monkeypatch, capsys):
 
     monkeypatch.setattr(versions, "installed_versions", lambda names=None: dict(versions.REQUIRED))
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
-    _one_line_error(capsys, main(["cpu-check"]), 1, "error: vllm does not import: ModuleNotFoundError", "install_cpu.sh")
+    _one_line_error(capsys, main(["cpu-check"]), 1, "error: vllm does not import: ModuleNotFoundError",
+                    "install_cpu.sh")
 
 
 def test_cpu_check_mismatched_stack(monkeypatch, capsys):

@@ -83,6 +83,6 @@ def test_the_docs_quote_dapos_filtered_start_from_the_committed_runs():
     others = sorted(means[label] for label in means if label != "dapo")
     assert len(others) == 4 and all(len(values) == 10 for values in start.values())
     text = " ".join((repo / "docs" / "compare.md").read_text().split())
-    assert f"DAPO's entropy at step 1, before any update, was {means['dapo']:.3f} against {others[0]:.3f}-{others[-1]:.3f} for the others" \
-        in text
+    assert (f"DAPO's entropy at step 1, before any update, was {means['dapo']:.3f} against "
+            f"{others[0]:.3f}-{others[-1]:.3f} for the others") in text
     assert all(run.filtered_batch == (run.label == "dapo") for run in runs)

@@ -64,7 +64,8 @@ def _assert_same(out, grad, ref_loss, ref_grad, ref_metrics):
         assert out.metrics[name] == pytest.approx(value, rel=1e-10, abs=1e-12), name
 
 
-@pytest.mark.parametrize("opts", OPTION_GRID, ids=lambda o: f"{o.ratio_mode}-{o.mask_rule}-{o.mask_action}-{o.kl_target}-{o.kl_estimator}")
+@pytest.mark.parametrize("opts", OPTION_GRID,
+                         ids=lambda o: f"{o.ratio_mode}-{o.mask_rule}-{o.mask_action}-{o.kl_target}-{o.kl_estimator}")
 def test_every_option_combination_matches_reference(opts):
     batch = random_batch(seed=7, batch_size=6, max_len=9, drift=0.4)
     _assert_same(*_run_both(batch, opts))

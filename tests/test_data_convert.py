@@ -66,7 +66,8 @@ def test_offline_eval_sets_row_counts_schema_and_answers(offline_out):
             assert row["data_source"] == name and row["ability"] == "math"
             assert row["reward_model"] == {"style": "rule", "ground_truth": record["answer"].strip()}
             assert row["prompt"] == [  # the default template, qwen_math_system
-                {"role": "system", "content": QWEN_MATH_INSTRUCTION}, {"role": "user", "content": record["problem"].strip()}
+                {"role": "system", "content": QWEN_MATH_INSTRUCTION},
+                {"role": "user", "content": record["problem"].strip()},
             ]
             extra = row["extra_info"]
             assert set(extra) == set(EXTRA_INFO_FIELDS)
@@ -77,7 +78,8 @@ def test_offline_eval_sets_row_counts_schema_and_answers(offline_out):
     math500 = pq.read_table(out / "math500.parquet").to_pylist()
     assert math500[0]["extra_info"]["subject"] == "Precalculus" and math500[0]["extra_info"]["level"] == "2"
     # --combine-eval joins every converted set, gsm8k_test included
-    assert pq.read_table(out / "val.parquet").num_rows == sum(conftest_data.MATH_EVAL_ROWS[s] for s in OFFLINE_NAMES.values())
+    combined = sum(conftest_data.MATH_EVAL_ROWS[s] for s in OFFLINE_NAMES.values())
+    assert pq.read_table(out / "val.parquet").num_rows == combined
 
 
 def test_verl_rlhf_dataset_loads_them_with_a_qwen_tokenizer(offline_out):
@@ -102,7 +104,8 @@ def test_verl_rlhf_dataset_loads_them_with_a_qwen_tokenizer(offline_out):
     assert len(dataset) == sum(n <= limit for n in lengths) < len(rows)
     item = dataset[0]
     assert item["raw_prompt"] == rows[0]["prompt"]
-    assert item["data_source"] == "aime24" and item["reward_model"]["ground_truth"] == rows[0]["reward_model"]["ground_truth"]
+    assert item["data_source"] == "aime24"
+    assert item["reward_model"]["ground_truth"] == rows[0]["reward_model"]["ground_truth"]
     assert item["index"] == 0
     text = tokenizer.apply_chat_template(item["raw_prompt"], add_generation_prompt=True, tokenize=False)
     assert QWEN_MATH_INSTRUCTION in text and text.rstrip().endswith("assistant")
@@ -123,7 +126,8 @@ def test_templates():
 HUB_FORMAT_RECORDS = {
     # name: (raw record as the hub copy has it, expected question, expected ground truth)
     "dapo_math_17k": (
-        {"data_source": "math_dapo", "prompt": [{"role": "user", "content": DAPO_PREFIX + "What is 2+3?" + DAPO_SUFFIX}],
+        {"data_source": "math_dapo",
+         "prompt": [{"role": "user", "content": DAPO_PREFIX + "What is 2+3?" + DAPO_SUFFIX}],
          "ability": "MATH", "reward_model": {"ground_truth": "5", "style": "rule-lighteval/MATH_v2"},
          "extra_info": {"index": "a1b2"}},
         "What is 2+3?", "5"),
@@ -159,8 +163,8 @@ def test_hub_formats_via_local_files(tmp_path, name):
     assert rows[0]["extra_info"]["question"] == question
     assert rows[0]["reward_model"]["ground_truth"] == answer
     if name == "math500":
-        assert (rows[0]["extra_info"]["subject"], rows[0]["extra_info"]["level"], rows[0]["extra_info"]["source_id"]) == (
-            "Geometry", "5", "test/g/1.json")
+        extra = rows[0]["extra_info"]
+        assert (extra["subject"], extra["level"], extra["source_id"]) == ("Geometry", "5", "test/g/1.json")
 
 
 def test_drops_and_duplicates_are_counted_exactly():
@@ -256,7 +260,8 @@ def test_cli_errors_name_the_bad_value(tmp_path, capsys):
     assert "unknown data set 'aime2024'; valid: dapo_math_17k" in capsys.readouterr().err
     assert main(["convert", "aime24", "--template", "chatml", "--out-dir", str(tmp_path)]) == 2
     assert "unknown prompt template 'chatml'; valid: qwen_math" in capsys.readouterr().err
-    assert main(["convert", "aime24", "--local", f"aime24={tmp_path / 'missing.jsonl'}", "--out-dir", str(tmp_path)]) == 2
+    missing = f"aime24={tmp_path / 'missing.jsonl'}"
+    assert main(["convert", "aime24", "--local", missing, "--out-dir", str(tmp_path)]) == 2
     assert f"data file not found: {tmp_path / 'missing.jsonl'}" in capsys.readouterr().err
     assert main(["convert", "aime24", "--offline", "--out-dir", str(tmp_path)]) == 2
     assert "--offline and no --local/--local-dir" in capsys.readouterr().err
@@ -283,7 +288,8 @@ def test_hub_loading_calls_datasets_with_each_sets_id(monkeypatch):
     for spec in DATASETS.values():
         assert load_hub(spec) == [{"problem": "p", "answer": "1"}]
     assert calls[0] == ("BytedTsinghua-SIA/DAPO-Math-17k", None, "train")
-    assert ("openai/gsm8k", "main", "test") in calls and ("Hothan/OlympiadBench", "OE_TO_maths_en_COMP", "train") in calls
+    assert ("openai/gsm8k", "main", "test") in calls
+    assert ("Hothan/OlympiadBench", "OE_TO_maths_en_COMP", "train") in calls
     assert set(GROUPS["eval"]) <= set(DATASETS)
 
 

@@ -32,7 +32,9 @@ FAKE_RECIPE = textwrap.dedent(
     for step in $(seq 0 "$STEPS"); do
       data="{\\"training/global_step\\": $step"
       (( step > 0 )) && data="$data, \\"critic/score/mean\\": 0.5"
-      (( step == 0 || step % TEST_FREQ == 0 || step == STEPS )) && data="$data, \\"val-core/tepo_tiny_addition/acc/mean@1\\": $acc"
+      if (( step == 0 || step % TEST_FREQ == 0 || step == STEPS )); then
+        data="$data, \\"val-core/tepo_tiny_addition/acc/mean@1\\": $acc"
+      fi
       [[ "$ALGO" == dapo && $step == 1 ]] && data="$data, \\"training/filter_groups/evicted_samples\\": 8"
       [[ "$ALGO" == tepo ]] && data="$data, \\"actor/tepo/mask_frac\\": 0.1"
       printf '%s' "{\\"step\\": $step, \\"data\\": $data}}" >> "$RUN_DIR/metrics.jsonl"   # a line being written
@@ -153,7 +155,8 @@ def test_the_study_headline_is_computed_from_the_committed_runs():
         assert cell in headline, (cell, headline)
     seeds = {int(row["seeds"]) for row in rows}
     assert f"{'-'.join(map(str, sorted(seeds)))} seeds per arm" in headline
-    assert plot.endswith("compare/main/val_accuracy.png") and (study / "compare" / "main" / "val_accuracy.png").is_file()
+    assert plot.endswith("compare/main/val_accuracy.png")
+    assert (study / "compare" / "main" / "val_accuracy.png").is_file()
 
 
 def test_the_headline_falls_back_to_the_next_study_until_the_first_has_runs(tmp_path):

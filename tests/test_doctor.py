@@ -351,8 +351,14 @@ def metrics_the_loss_logs() -> set[str]:
     """Every metric name the adapted loss logs for a TEPO step (both entropies given), as verl's trainer names it
     (`actor/` + the worker's key): one two-mini-batch step through verl's real ppo_loss, the engine's and the
     worker's collection and the driver's reduction (tests/test_token_weighted_metrics.py's helpers)."""
-    from test_token_weighted_metrics import rank_data, rank_metrics, step_values, tepo_config, the_batch, \
-        worker_reduction
+    from test_token_weighted_metrics import (
+        rank_data,
+        rank_metrics,
+        step_values,
+        tepo_config,
+        the_batch,
+        worker_reduction,
+    )
     from verl.utils.metric import reduce_metrics
     from verl.utils.py_functional import append_to_dict
 

@@ -249,7 +249,7 @@ def test_end_to_end_on_the_shipped_sets_with_real_prompts(tmp_path):
             ids = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False)
             prompt = tokenizer.decode(tokenizer(ids)["input_ids"], skip_special_tokens=True)
             gold = row["reward_model"]["ground_truth"]
-            for response in ["The answer is \\boxed{%s}." % gold, "So \\boxed{%s}" % gold, "I give up."]:
+            for response in [f"The answer is \\boxed{{{gold}}}.", f"So \\boxed{{{gold}}}", "I give up."]:
                 records.append({"input": prompt, "output": response, "gts": gold, "score": 0.0, "step": 3})
     dump = tmp_path / "3.jsonl"
     dump.write_text("".join(json.dumps(r) + "\n" for r in records))

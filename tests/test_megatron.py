@@ -1,7 +1,8 @@
 """verl's Megatron route: every preset (iterated over the preset folder) composes on verl's Megatron config
 (`--config-name ppo_megatron_trainer`, and the recipes' `model_engine=megatron`) with its TEPO (or baseline) estimator
-and loss, the same keys as on the FSDP config; the GPU recipes' ENGINE=megatron sets the Megatron keys docs/recipes.md reasons out, the adapter's own checks
-fire on that config too, and `strategy=megatron` on the FSDP config is refused in the driver in one line."""
+and loss, the same keys as on the FSDP config; the GPU recipes' ENGINE=megatron sets the Megatron keys docs/recipes.md
+reasons out, the adapter's own checks fire on that config too, and `strategy=megatron` on the FSDP config is refused in
+the driver in one line."""
 
 from __future__ import annotations
 

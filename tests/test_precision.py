@@ -13,7 +13,7 @@ import dataclasses
 import pytest
 import torch
 from batches import random_batch
-from engine_batch import mini_batch, micro_batches, model_output
+from engine_batch import micro_batches, mini_batch, model_output
 from verl.utils.metric import Metric
 from verl.workers.utils import losses
 from verl_config import actor_config, compose_config

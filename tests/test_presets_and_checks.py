@@ -207,7 +207,8 @@ def test_misconfigurations_are_caught_in_verl_validate_config(overrides, message
      "actor_rollout_ref.actor.policy_loss.tepo.mask_fallback=surprisal_old"],
     ["actor_rollout_ref.actor.policy_loss.tepo.mask_rule=surprisal", "actor_rollout_ref.actor.calculate_entropy=True"],
     ["actor_rollout_ref.actor.policy_loss.tepo.mask_rule=old", "actor_rollout_ref.actor.entropy_coeff=0.01"],
-    ["actor_rollout_ref.actor.policy_loss.tepo.kl_target=ref", "actor_rollout_ref.actor.policy_loss.tepo.mask_rule=off"],
+    ["actor_rollout_ref.actor.policy_loss.tepo.kl_target=ref",
+     "actor_rollout_ref.actor.policy_loss.tepo.mask_rule=off"],
 ])
 def test_valid_variants_pass_the_checks(overrides):
     check_tepo_config(compose_config(["+algorithm=tepo", *overrides]))

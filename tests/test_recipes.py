@@ -138,8 +138,9 @@ def test_algorithms_differ_in_the_preset_alone(dry_runs, recipe):
         other = flatten(configs[(recipe, algo)])
         differing = {k for k in base.keys() | other.keys() if base.get(k) != other.get(k)}
         unexplained = {k for k in differing if k not in allowed and not k.startswith(
-            ("actor_rollout_ref.actor.policy_loss.", "actor_rollout_ref.actor.kl_loss", "actor_rollout_ref.actor.clip_ratio",
-             "algorithm.filter_groups.", "actor_rollout_ref.actor.entropy_coeff", "actor_rollout_ref.actor.calculate_entropy"))}
+            ("actor_rollout_ref.actor.policy_loss.", "actor_rollout_ref.actor.kl_loss",
+             "actor_rollout_ref.actor.clip_ratio", "algorithm.filter_groups.", "actor_rollout_ref.actor.entropy_coeff",
+             "actor_rollout_ref.actor.calculate_entropy"))}
         assert not unexplained, (algo, unexplained)
 
 
@@ -291,7 +292,8 @@ def test_val_only_evaluates_one_checkpoint_in_full(tmp_path):
     ({"OFFLOAD": "yes"}, "OFFLOAD must be 0 or 1, got 'yes'"),
     ({"ROLLOUT_TP": "3"}, "ROLLOUT_TP=3 does not divide the 8 GPUs"),
     ({"VAL_ONLY": "1"}, "VAL_ONLY=1 needs CKPT=<run>/checkpoints/global_step_N"),
-    ({"VAL_ONLY": "1", "CKPT": "/nonexistent/global_step_3"}, "CKPT='/nonexistent/global_step_3' is not an existing folder"),
+    ({"VAL_ONLY": "1", "CKPT": "/nonexistent/global_step_3"},
+     "CKPT='/nonexistent/global_step_3' is not an existing folder"),
     ({"VAL_ONLY": "1", "CKPT": "/"}, "CKPT='/' must be a checkpoint folder named global_step_N"),
     ({"VAL_ONLY": "yes"}, "VAL_ONLY must be 0 or 1, got 'yes'"),
 ])

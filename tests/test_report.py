@@ -4,14 +4,13 @@ of docs/presets.md against the composed presets."""
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import math
 import re
 import subprocess
 import sys
 from pathlib import Path
-
-import itertools
 
 import numpy as np
 import pandas as pd

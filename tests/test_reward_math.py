@@ -219,7 +219,8 @@ def test_grading_works_outside_the_main_thread():
     outcome = {}
 
     def in_thread():
-        outcome["ours"] = [compute_score("x", "\\boxed{1}", "1", isolation=iso)["score"] for iso in ("inline", "process")]
+        outcome["ours"] = [compute_score("x", "\\boxed{1}", "1", isolation=iso)["score"]
+                           for iso in ("inline", "process")]
 
     thread = threading.Thread(target=in_thread)
     thread.start()

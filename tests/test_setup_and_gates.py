@@ -187,7 +187,8 @@ def test_a_failed_quiet_run_prints_the_end_of_its_log_and_the_logs_path(tmp_path
     assert proc.returncode == 1, proc.stdout + proc.stderr
     log = run_dir / "console.log"
     logged = log.read_text().splitlines()
-    assert len(logged) > recipe_standin.VERL_CHATTER and logged[-1] == "ConnectionError: could not reach the Ray cluster"
+    assert len(logged) > recipe_standin.VERL_CHATTER
+    assert logged[-1] == "ConnectionError: could not reach the Ray cluster"
     lines = proc.stderr.splitlines()
     assert lines[-1] == f"[cpu.sh] the whole log: {log}", proc.stderr
     shown = lines[lines.index(QUIET_FAILURE) + 1:-1]

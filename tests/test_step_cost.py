@@ -12,10 +12,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import conftest_e2e
 import numpy as np
 import pytest
-
-import conftest_e2e
 
 REPO = Path(__file__).resolve().parents[1]
 

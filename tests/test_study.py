@@ -38,7 +38,7 @@ for ((step = 0; step <= last; step++)); do
   echo "{\"step\": $step, \"data\": {\"critic/score/mean\": $acc, \"val-core/tepo_tiny_chain/acc/mean@1\": $acc, \"timing_s/step\": 2.0}}" >> "$RUN_DIR/metrics.jsonl"
 done
 echo "console of $ALGO seed $SEED" > "$RUN_DIR/console.log"
-"""
+"""  # noqa: E501  (a bash script: its long lines are its commands)
 
 
 @pytest.fixture()
@@ -355,7 +355,7 @@ def _finished_run(results: Path, name: str, accuracies: list[float], steps: int 
                                           ((0.4, 0.4, 0.2), 1.0)])  # a tie goes to the smaller coefficient
 @pytest.mark.parametrize("compressed", [False, True])
 def test_the_controls_take_the_dose_with_the_highest_mean_auc(tmp_path, aucs, chosen, compressed):
-    for (coef, arm), auc in zip(study.DOSE_LEVELS.items(), aucs):
+    for arm, auc in zip(study.DOSE_LEVELS.values(), aucs):
         for seed in study.DOSE_SEEDS:
             spread = 0.02 * (seed - 3)  # the seeds differ; their mean is the arm's AUC
             _finished_run(tmp_path, f"{arm}-seed{seed}", [auc + spread] * 4, compressed=compressed)
@@ -429,7 +429,7 @@ def test_git_state_names_the_commit_and_the_changed_tracked_files(tmp_path):
     assert study.git_state(tmp_path) == {"commit": head, "changed_tracked_files": ["bench/a.py"]}
 
 
-def _call(differences, low, high, p, planned=5, arm="tepo-kl10", reference="tepo") -> "study.Call":
+def _call(differences, low, high, p, planned=5, arm="tepo-kl10", reference="tepo") -> study.Call:
     return study.Call(reference, arm, tuple(differences), planned, sum(differences) / len(differences), low, high, p)
 
 

@@ -79,7 +79,8 @@ def test_tepo_through_ppo_loss_matches_the_reference(overrides, agg):
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
 def test_loss_is_invariant_to_micro_batch_and_data_parallel_splits(agg):
     config = actor_config(["+algorithm=tepo", f"actor_rollout_ref.actor.loss_agg_mode={agg}",
-                           "actor_rollout_ref.actor.clip_ratio_low=0.01", "actor_rollout_ref.actor.clip_ratio_high=0.02"])
+                           "actor_rollout_ref.actor.clip_ratio_low=0.01",
+                           "actor_rollout_ref.actor.clip_ratio_high=0.02"])
     batch = random_batch(5, 8, 9, drift=0.05, dtype=torch.float32)
     tokens = int(batch.response_mask.sum())
     grads = []

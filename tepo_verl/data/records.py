@@ -78,7 +78,8 @@ def answer_text(record: Mapping[str, Any], spec: DatasetSpec) -> str:
     if isinstance(value, int | float):
         return _number_text(value)
     if isinstance(value, Sequence) and not isinstance(value, str):
-        parts = [_number_text(v) if isinstance(v, int | float) and not isinstance(v, bool) else str(v).strip() for v in value]
+        parts = [_number_text(v) if isinstance(v, int | float) and not isinstance(v, bool) else str(v).strip()
+                 for v in value]
         return ", ".join(p for p in parts if p)
     text = str(value).strip()
     if field is not None and field.split(".")[-1] == "solution":

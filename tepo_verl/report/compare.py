@@ -6,12 +6,12 @@ accuracy (a run that never reaches it is censored at its last validated step and
 validation accuracy, the area under the validation curve normalised by its step span, the entropy at start and
 end (one definition for every algorithm: tepo_verl/entropy_token_mean), response length, KL-mask fraction, the
 share of positive-advantage tokens the mask selects, masked KL, the penalty's strength (its mean |gradient| over
-the policy term's, on masked tokens) and clipped fraction. Per algorithm: the seed mean of each, with a 95% percentile-bootstrap interval
-for CI_METRICS (the to-target quantities, the accuracies, the curve's area and the final entropy). Per baseline:
-the per-seed paired difference of the reference algorithm (TEPO) minus the baseline, with its bootstrap interval and
-the two-sided p-value of a sign-flip permutation test (exact up to EXACT_PAIRS pairs). With few seeds the
-percentile bootstrap is too narrow, and the test's smallest possible p-value is 2 / 2**pairs (0.0625 for 5 pairs).
-The ratio of mean steps to target, reference over baseline, is taken over the seeds both ran.
+the policy term's, on masked tokens) and clipped fraction. Per algorithm: the seed mean of each, with a 95%
+percentile-bootstrap interval for CI_METRICS (the to-target quantities, the accuracies, the curve's area and the final
+entropy). Per baseline: the per-seed paired difference of the reference algorithm (TEPO) minus the baseline, with its
+bootstrap interval and the two-sided p-value of a sign-flip permutation test (exact up to EXACT_PAIRS pairs). With few
+seeds the percentile bootstrap is too narrow, and the test's smallest possible p-value is 2 / 2**pairs (0.0625 for 5
+pairs). The ratio of mean steps to target, reference over baseline, is taken over the seeds both ran.
 Writes compare.md, compare.csv (per algorithm), compare_runs.csv (per run), compare_paired.csv and PNG plots.
 """
 

@@ -29,8 +29,8 @@ import math
 import re
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -384,8 +384,8 @@ def check_noise(ev: Evidence) -> Finding:
                    if rollout else "")
         mixed = (f" ({', '.join(metric for metric, _ in logged)}: over all of a step's updates, so the off-policy "
                  "drift of the later ones, not noise)" if logged else "")
-        return Finding("unknown", name, f"no metric of the on-policy update alone is logged and {why}: step metrics mix on- and "
-                       f"off-policy updates{mixed}{context}", fix)
+        return Finding("unknown", name, f"no metric of the on-policy update alone is logged and {why}: step metrics "
+                       f"mix on- and off-policy updates{mixed}{context}", fix)
     if clip is None:
         return Finding("unknown", name, f"{source} = {value:.2e}; the clip range is unknown", "pass --config")
     share = value / min(clip)

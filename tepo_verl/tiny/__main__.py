@@ -9,7 +9,6 @@ import json
 import sys
 from pathlib import Path
 
-
 #: What `--print` can print: the manifest's paths and the build folder.
 PRINT_FIELDS = ("model", "train", "val", "reward", "reward_name", "dir")
 #: The tasks built by tepo_verl/tiny/scratchpad.py (the others: the addition task, tepo_verl/tiny/build.py).

@@ -2,8 +2,8 @@
 
 A warm-up trained here differs in its last bits across CPUs, and hundreds of warm-up steps amplify that into a
 different policy (another greedy accuracy, another entropy). So the builders (build.py for the addition task,
-scratchpad.py for the scratchpad and chain tasks) copy these files instead of training, whenever the requested spec is the
-one a policy was shipped for (its build key). This module is the store the builders read; it knows no builder.
+scratchpad.py for the scratchpad and chain tasks) copy these files instead of training, whenever the requested spec is
+the one a policy was shipped for (its build key). This module is the store the builders read; it knows no builder.
 
     tepo_verl/tiny/policies/<task>/   config.json, generation_config.json, model.safetensors, tokenizer files,
                                       manifest.json: the build key and spec, the sha256 of every file, the greedy

@@ -38,6 +38,7 @@ def _register_hydra_search_path() -> None:
     installed in setuptools' default (strict) editable mode, i.e. `pip install -e .`.
     """
     from hydra.core.plugins import Plugins
+
     from hydra_plugins.tepo_verl_searchpath import TepoVerlSearchPathPlugin
 
     Plugins.instance().register(TepoVerlSearchPathPlugin)

@@ -20,8 +20,9 @@ A `FirstMiniBatchMetric` reduces to its statistic (MIN or MAX) over the step's f
 on-policy update, where l = l_old up to numerical noise. Its values accumulate per micro-batch on each rank;
 `aggregate_dp` seals the ranks' values of one mini-batch into one group, and the step keeps its groups in the
 order verl ran them, so `aggregate()` reads the first. (A value that never went through `aggregate_dp` belongs to
-no mini-batch: the aggregate is then NaN, logged as unknown, never a statistic over the wrong updates.) The verl contract (contract.py, "step metric reduction") checks at load
-time that verl still carries a Metric from the worker to the driver this way.
+no mini-batch: the aggregate is then NaN, logged as unknown, never a statistic over the wrong updates.) The verl
+contract (contract.py, "step metric reduction") checks at load time that verl still carries a Metric from the worker to
+the driver this way.
 """
 
 from __future__ import annotations

@@ -108,9 +108,10 @@ def verl_metrics(out: TepoLossOutput, extras) -> dict[str, Any]:
 
     Through the ppo_loss adapter (`extras` given) every `tepo/` ratio goes out as a RatioMetric of its two sums and
     the extremes with MIN/MAX aggregation, so that verl's reduction over micro-batches, ranks and mini-batches
-    gives the step's value; ON_POLICY_METRICS also as `tepo/onpolicy_<name>`, the first mini-batch's value. verl's own `actor/` names keep verl's convention (the mean of per-micro-batch values, as
-    every verl loss logs them), so they stay comparable across loss modes. Called without the adapter (verl's
-    registry alone), every metric is this micro-batch's plain value.
+    gives the step's value; ON_POLICY_METRICS also as `tepo/onpolicy_<name>`, the first mini-batch's value. verl's own
+    `actor/` names keep verl's convention (the mean of per-micro-batch values, as every verl loss logs them), so they
+    stay comparable across loss modes. Called without the adapter (verl's registry alone), every metric is this
+    micro-batch's plain value.
     """
     core, parts = out.metrics, out.metric_parts
     metrics: dict[str, Any] = {
