@@ -219,9 +219,12 @@ def _listed(expected, found) -> str:
 # ------------------------------------------------------------------ ppo_loss, called
 
 #: Which assumption a failed ppo_loss call breaks, by where it failed (PpoLossRun.failed_at).
-_FAILURE_OWNERS = {"config": "ppo_loss signature", "model output": "model output",
-                   "before the policy loss": "selected fields", "after the policy loss": "metric format"}
+_FAILURE_OWNERS = {"import": "ppo_loss signature", "config": "ppo_loss signature", "registry": "policy-loss call",
+                   "model output": "model output", "before the policy loss": "selected fields",
+                   "after the policy loss": "metric format"}
 _FAILURE_CONTEXT = {
+    "import": f"cannot import {LOSSES}.ppo_loss or {CORE_ALGOS}'s policy-loss registry and agg_loss",
+    "registry": "cannot register a policy loss with verl's register_policy_loss (as the tepo loss is registered)",
     "config": "cannot build the ActorConfig it takes (strategy, rollout_n, ppo_micro_batch_size_per_gpu, "
               "loss_scale_factor, policy_loss)",
     "model output": "ppo_loss asked the engine's model output for a key it does not hold",
@@ -237,9 +240,13 @@ def _ppo_loss_run(src: VerlSource, assumption: str) -> tuple[PpoLossRun | None, 
     handed: those checks run, and the failure is the metric format's only when they find nothing (a wrong input
     explains a failure downstream of it)."""
     def call() -> PpoLossRun:
-        core_algos = src.module(CORE_ALGOS)
-        return run_ppo_loss(verl_original(src.module(LOSSES).ppo_loss), core_algos.register_policy_loss,
-                            core_algos.POLICY_LOSS_REGISTRY, core_algos.agg_loss)
+        try:
+            core_algos = src.module(CORE_ALGOS)
+            verl_functions = (verl_original(src.module(LOSSES).ppo_loss), core_algos.register_policy_loss,
+                              core_algos.POLICY_LOSS_REGISTRY, core_algos.agg_loss)
+        except Exception as error:  # noqa: BLE001 - reported once, under its owner
+            return PpoLossRun(failed_at="import", failure=one_line(error))
+        return run_ppo_loss(*verl_functions)
 
     run = src.once("ppo_loss run", call)
     owner = _FAILURE_OWNERS.get(run.failed_at)
@@ -259,14 +266,18 @@ def _differs(received: Any, expected, masked_by) -> str | None:
         return f"a {type(received).__name__}{' (nested)' if isinstance(received, torch.Tensor) else ''}"
     if received.shape != expected.shape:
         return f"shape {tuple(received.shape)}, expected {tuple(expected.shape)}"
-    if not torch.equal(received[masked_by].to(expected.dtype), expected[masked_by]):
-        return "other values"
+    left, right = received[masked_by].to(expected.dtype), expected[masked_by]
+    if not (torch.equal(left, right) if expected.dtype == torch.bool else torch.allclose(left, right, rtol=1e-6)):
+        return "other values"  # the fields' values differ by 0.01 or more: another field, or another layout
     return None
 
 
 # ------------------------------------------------------------------ the assumptions
 
 def _ppo_loss_signature(src: VerlSource) -> str | None:
+    failure = _ppo_loss_run(src, "ppo_loss signature")[1]  # ppo_loss not importable, or its ActorConfig not built
+    if failure:
+        return failure
     parameters = inspect.signature(verl_original(src.module(LOSSES).ppo_loss)).parameters
     found = tuple(parameters)
     if found != PPO_LOSS_PARAMETERS:
@@ -274,7 +285,7 @@ def _ppo_loss_signature(src: VerlSource) -> str | None:
     defaults = {name: p.default for name, p in parameters.items() if p.default is not inspect.Parameter.empty}
     if defaults != {"dp_group": None}:
         return f"ppo_loss's dp_group is no longer the only parameter with a default (None): defaults {defaults}"
-    return _ppo_loss_run(src, "ppo_loss signature")[1]
+    return None
 
 
 def _ppo_loss_binding(src: VerlSource) -> str | None:

@@ -6,8 +6,8 @@ tokens, the global-batch info as non-tensor entries), with a recording policy lo
 the duration of the call. It records what ppo_loss handed that loss, what `config.global_batch_info` held when the loss
 ran, which model-output keys ppo_loss read and what it returned; the contract compares that with what the adapter
 reads. `carry_ratio_metric` carries tepo's RatioMetric through verl's `append_to_dict` and `reduce_metrics` as a step's
-mini-batches are carried from the worker to the driver. Each takes about a millisecond (it is part of every process's
-plugin load: docs/plugin.md).
+mini-batches are carried from the worker to the driver. Each takes a few milliseconds: both run in every process's
+plugin load (docs/plugin.md).
 """
 
 from __future__ import annotations
@@ -111,8 +111,8 @@ class PpoLossRun:
 
     #: The tensors the policy loss should receive, by its keyword: each (B, T), padded as
     #: data.select(...).to_padded_tensor() pads them (the adapter pads the old entropy that way).
-    expected: dict[str, torch.Tensor]
-    expected_batch_info: dict[str, Any]
+    expected: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+    expected_batch_info: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: (positional arguments, keywords) of each call of the policy loss.
     calls: list[tuple[tuple, dict]] = dataclasses.field(default_factory=list)
     #: config.global_batch_info when the policy loss ran.
@@ -121,7 +121,8 @@ class PpoLossRun:
     aggregation_error: str | None = None
     model_output_read: list[str] = dataclasses.field(default_factory=list)
     returned: Any = None
-    #: Where the call failed ("config", "model output", "before the policy loss", "after the policy loss"), and how.
+    #: Where the call failed ("import", "config", "registry", "model output", "before the policy loss", "after the
+    #: policy loss"), and how.
     failed_at: str | None = None
     failure: str | None = None
 
@@ -160,7 +161,11 @@ def run_ppo_loss(ppo_loss: Callable, register_policy_loss: Callable, registry: d
             PROBE_METRIC: PROBE_METRIC_VALUE}
 
     recording = _RecordingOutput(output)
-    register_policy_loss(PROBE_LOSS_MODE)(recording_loss)
+    try:
+        register_policy_loss(PROBE_LOSS_MODE)(recording_loss)
+    except Exception as error:  # noqa: BLE001 - a changed registry is reported, not raised
+        run.failed_at, run.failure = "registry", one_line(error)
+        return run
     try:
         run.returned = ppo_loss(config, recording, data)
     except Exception as error:  # noqa: BLE001 - where it failed says which assumption broke
