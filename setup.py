@@ -7,7 +7,7 @@ driver, the trainer and every Ray worker process.
 from setuptools import find_packages, setup
 
 # The verl range this plugin is tested against; `tepo_verl.verl_adapter.version_check` enforces it at run time.
-VERL_REQUIREMENT = "verl>=0.9.1,<0.10"
+VERL_REQUIREMENT = "verl>=0.9.0,<0.10"
 
 TRAINER_EXTRAS = [
     "TransferQueue>=0.1.11,<0.2",

@@ -78,7 +78,8 @@ DEFINING_KEYS = ["algorithm.adv_estimator", "actor_rollout_ref.actor.policy_loss
                  "actor_rollout_ref.actor.clip_ratio_low", "actor_rollout_ref.actor.clip_ratio_high",
                  "actor_rollout_ref.actor.loss_agg_mode", "actor_rollout_ref.actor.calculate_entropy",
                  "actor_rollout_ref.actor.use_kl_loss", "actor_rollout_ref.actor.entropy_coeff",
-                 "algorithm.use_kl_in_reward", "algorithm.filter_groups.enable"]
+                 "algorithm.use_kl_in_reward", "algorithm.filter_groups.enable",
+                 "algorithm.filter_groups.metric"]  # verl 0.9.0's default is null, 0.9.1's `reward`
 
 
 def _cli(*args, env=None, cwd="/"):
@@ -228,10 +229,26 @@ def test_checks_run_in_the_real_main_before_any_worker_starts():
 
 
 def test_verl_version_outside_the_supported_range_is_refused():
-    assert check_verl_version("0.9.1") == "0.9.1"
-    for bad in ("0.8.0", "0.10.0", "1.0.0"):
-        with pytest.raises(UnsupportedVerlVersion, match=rf"supports verl .*installed verl is {bad}"):
+    for good in ("0.9.0", "0.9.1", "0.9.2"):
+        assert check_verl_version(good) == good
+    for bad in ("0.8.0", "0.8.5", "0.9.0rc1", "0.10.0", "1.0.0"):
+        with pytest.raises(UnsupportedVerlVersion) as refused:
             check_verl_version(bad)
+        assert str(refused.value) == (
+            f"tepo-verl supports verl >=0.9.0,<0.10 (tested with 0.9.0 and 0.9.1); installed verl is {bad}. "
+            "Install a supported verl: pip install 'verl>=0.9.0,<0.10'")
+
+
+def test_a_verl_command_on_verl_0_8_names_the_supported_range_in_one_line():
+    """verl 0.8 loads no plugins, so only Hydra's search-path plugin sees the preset: it names the version."""
+    from hydra_plugins.tepo_verl_searchpath import plugin_not_loaded_message
+
+    message = plugin_not_loaded_message(["algorithm=tepo"], "auto", verl_version="0.8.0")
+    assert message == ("algorithm=tepo is a tepo-verl preset, but tepo-verl supports verl >=0.9.0,<0.10 (tested with "
+                       "0.9.0 and 0.9.1); installed verl is 0.8.0. Install a supported verl: pip install "
+                       "'verl>=0.9.0,<0.10'")
+    # a supported verl keeps the reason about the plugin's loading
+    assert "VERL_USE_EXTERNAL_PLUGINS=none" in plugin_not_loaded_message(["algorithm=tepo"], "none", "0.9.0")
 
 
 # ------------------------------------------------------------------ plugin loading in a fresh process
