@@ -16,6 +16,8 @@ from tepo_verl.verl_adapter.checks import TepoConfigError, check_tepo_config
 from tepo_verl.verl_adapter.cli import is_verl_command, normalize_algorithm_override
 from tepo_verl.verl_adapter.version_check import UnsupportedVerlVersion, check_verl_version
 
+pytestmark = pytest.mark.verl_090  # also run on verl 0.9.0 (make test-090, docs/testing.md)
+
 PRESETS = {
     "tepo": {"algorithm.adv_estimator": "tepo", "actor_rollout_ref.actor.policy_loss.loss_mode": "tepo",
              "actor_rollout_ref.actor.clip_ratio_low": 3e-4, "actor_rollout_ref.actor.clip_ratio_high": 4e-4,

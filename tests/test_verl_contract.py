@@ -33,6 +33,8 @@ from tepo_verl.verl_adapter.contract import (
 )
 from tepo_verl.verl_adapter.contract_probe import PROBE_LOSS_MODE
 
+pytestmark = pytest.mark.verl_090  # also run on verl 0.9.0 (make test-090, docs/testing.md)
+
 REPO = Path(__file__).resolve().parents[1]
 CHANGES = Path(__file__).resolve().parent / "verl_changes"
 
