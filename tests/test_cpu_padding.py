@@ -104,8 +104,9 @@ PROBE = textwrap.dedent(
     def unpad():
         tokens, indices, cu_seqlens, max_len, _ = au.unpad_input(hidden, mask)
         padded = au.pad_input(tokens, indices, 2, 3)
+        first = au.index_first_axis(hidden[0], indices[:1])
         return {"tokens": tokens.tolist(), "indices": indices.tolist(), "cu_seqlens": cu_seqlens.tolist(),
-                "max_len": max_len, "padded": padded.tolist(), "first": au.index_first_axis(hidden[0], indices[:1]).tolist()}
+                "max_len": max_len, "padded": padded.tolist(), "first": first.tolist()}
 
     out = {"flash_attn": importlib.util.find_spec("flash_attn") is not None}
     try:

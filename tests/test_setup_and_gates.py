@@ -46,7 +46,8 @@ def test_mismatched_cpu_stack_fails_the_e2e_tests_under_ci(monkeypatch):
     conftest_data.require_module("vllm", "the check of the stack's versions runs only where vllm is installed")
     from tepo_verl.cpu import versions
 
-    monkeypatch.setattr(versions, "mismatches", lambda installed=None: ["verl: installed 0.8.0, required 0.9.0 or 0.9.1"])
+    monkeypatch.setattr(versions, "mismatches",
+                        lambda installed=None: ["verl: installed 0.8.0, required 0.9.0 or 0.9.1"])
     assert "verl: installed 0.8.0, required 0.9.0 or 0.9.1" in conftest_e2e.cpu_stack_problem()
     monkeypatch.setenv("CI", "true")
     with pytest.raises(Failed, match="CI=true and the tested CPU stack is not installed"):
@@ -88,6 +89,24 @@ def test_make_targets_set_up_a_fresh_venv_then_run(target, runs, tmp_path):
     assert lines[-1].startswith(f'PATH="{venv}/bin:$PATH" VIRTUAL_ENV="{venv}" {venv}/bin/python {runs}'), lines[-1]
 
 
+def test_make_test_090_sets_up_its_own_pinned_venv_then_runs_the_marked_tests(tmp_path):
+    venv = tmp_path / "venv-090"
+    outer = ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "VENV_090", "PYTHON3", "PYTEST_ARGS")
+    proc = subprocess.run(["make", "--no-print-directory", "-n", "test-090", f"VENV_090={venv}"], cwd=REPO,
+                          env={k: v for k, v in os.environ.items() if k not in outer}, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    pinned = f"{venv}/bin/python -m pip install --disable-pip-version-check --progress-bar off " \
+             "-c tools/verl-0.9.0-constraints.txt"
+    order = [next(i for i, line in enumerate(lines) if needle in line) for needle in
+             (f"python3 -m venv {venv}", f"{pinned} torch==2.13.0", f"{pinned} torch==2.13.0 verl==0.9.0 -e '.[test]'",
+              f"touch {venv}/.tepo-verl-installed", "-m pytest -m verl_090")]
+    assert order == sorted(order), lines  # the venv, torch, verl 0.9.0 with the package, the stamp, then the tests
+    assert lines[-1].startswith(f'PATH="{venv}/bin:$PATH" VIRTUAL_ENV="{venv}" {venv}/bin/python -m pytest -m '
+                                "verl_090"), lines[-1]
+
+
 def test_second_make_skips_the_set_up(tmp_path):
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
@@ -107,8 +126,8 @@ exit "${FAKE_MAKE_EXIT:-0}"
 
 @pytest.mark.parametrize("ci, expected", [(None, "true"), ("", "true"), ("1", "1")])
 def test_ci_runs_make_test_from_the_repository_with_ci_set(ci, expected, tmp_path):
-    """.ci/run, run from anywhere, runs `make test` in the repository with CI set (a CI that sets CI keeps its
-    value), so that a missing prerequisite fails instead of skipping; make's failure is CI's failure."""
+    """.ci/run, run from anywhere, runs `make test` then `make test-090` in the repository with CI set (a CI that sets
+    CI keeps its value), so that a missing prerequisite fails instead of skipping; make's failure is CI's failure."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "make").write_text(FAKE_MAKE)
@@ -121,7 +140,8 @@ def test_ci_runs_make_test_from_the_repository_with_ci_set(ci, expected, tmp_pat
     proc = subprocess.run(["bash", str(REPO / ".ci" / "run")], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert log.read_text().splitlines() == [f"cwd={REPO} CI={expected} args=test"]
+    assert log.read_text().splitlines() == [f"cwd={REPO} CI={expected} args={target}"
+                                            for target in ("test", "test-090")]
     failed = subprocess.run(["bash", str(REPO / ".ci" / "run")], cwd=tmp_path, env={**env, "FAKE_MAKE_EXIT": "3"},
                             capture_output=True, text=True, timeout=60)
     assert failed.returncode == 3
