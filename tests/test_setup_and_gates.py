@@ -147,18 +147,31 @@ def test_ci_runs_make_test_from_the_repository_with_ci_set(ci, expected, tmp_pat
     assert failed.returncode == 3
 
 
-# ---- recipes/cpu.sh DRY_RUN=1 -------------------------------------------------------------------------------------
+# ---- recipes/cpu.sh DRY_RUN=1 and DRY_RUN=args ---------------------------------------------------------------------
 
 def test_cpu_recipe_dry_run_prints_the_config_and_starts_nothing(tmp_path):
+    """DRY_RUN=1 prints verl's `--cfg job` of what the recipe would run, and DRY_RUN=args the arguments it would give
+    verl, whose composition is that config; neither starts anything."""
     conftest_data.require_module("verl", "composing verl's config needs verl")
+    from verl_config import command_line_config
+
     run_dir = tmp_path / "runs" / "grpo-seed1"
-    env = dict(os.environ, DRY_RUN="1", ALGO="grpo", STEPS="7", LR="3e-5", RUN_DIR=str(run_dir),
-               PYTHON=sys.executable, TEPO_VERL_CACHE=str(tmp_path / "cache"))
+    env = dict(os.environ, ALGO="grpo", STEPS="7", LR="3e-5", RUN_DIR=str(run_dir), PYTHON=sys.executable,
+               TEPO_VERL_CACHE=str(tmp_path / "cache"))
+
+    def dry_run(mode):
+        return subprocess.run(["bash", str(REPO / "recipes" / "cpu.sh"), "trainer.test_freq=2"],
+                              env={**env, "DRY_RUN": mode}, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+
     started = time.monotonic()
-    proc = subprocess.run(["bash", str(REPO / "recipes" / "cpu.sh"), "trainer.test_freq=2"], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300)
+    proc = dry_run("1")
+    seconds = time.monotonic() - started
     assert proc.returncode == 0, proc.stderr[-3000:]
     config = OmegaConf.create(proc.stdout)  # stdout is the composed config alone
+    listed = dry_run("args")
+    assert listed.returncode == 0, listed.stderr[-3000:]
+    assert listed.stdout.splitlines()[-1] == "trainer.test_freq=2"
+    assert OmegaConf.to_container(command_line_config(listed.stdout.splitlines())) == OmegaConf.to_container(config)
     assert config.algorithm.adv_estimator == "grpo"
     assert config.trainer.total_training_steps == 7
     assert config.trainer.test_freq == 2  # extra arguments go to verl last
@@ -168,8 +181,8 @@ def test_cpu_recipe_dry_run_prints_the_config_and_starts_nothing(tmp_path):
     # nothing started: no run folder, no tiny build, no trainer
     assert not run_dir.exists() and not (tmp_path / "runs").exists()
     assert not (tmp_path / "cache").exists()
-    assert "TaskRunner" not in proc.stdout + proc.stderr
-    assert time.monotonic() - started < 120
+    assert "TaskRunner" not in proc.stdout + proc.stderr + listed.stdout + listed.stderr
+    assert seconds < 120
 
 
 @pytest.mark.parametrize(
@@ -182,6 +195,7 @@ def test_cpu_recipe_dry_run_prints_the_config_and_starts_nothing(tmp_path):
         ({"LR": "0"}, "LR must be a positive number (such as 1e-4 or 0.00003), got '0'"),
         ({"LR": "-1e-4"}, "LR must be a positive number (such as 1e-4 or 0.00003), got '-1e-4'"),
         ({"LR": "fast"}, "LR must be a positive number (such as 1e-4 or 0.00003), got 'fast'"),
+        ({"DRY_RUN": "yes"}, "DRY_RUN must be 0, 1 or args, got 'yes'"),
     ],
 )
 def test_cpu_recipe_bad_settings(env, message, tmp_path):
