@@ -25,8 +25,7 @@ def pytest_runtest_makereport(item, call):
 @pytest.fixture(scope="session")
 def ray_head() -> conftest_e2e.RayHead:
     """The Ray head every end-to-end run of this pytest run connects to (conftest_e2e.shared_ray_head)."""
-    with conftest_e2e.training_lock():
-        return conftest_e2e.shared_ray_head()
+    return conftest_e2e.shared_ray_head()
 
 
 def pytest_sessionfinish(session, exitstatus):

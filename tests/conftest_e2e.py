@@ -9,14 +9,16 @@ trainer runs fail without it.) `run_recipe()` runs recipes/cpu.sh and returns wh
 Every run connects to one Ray head per pytest run (`shared_ray_head()`: `ray start --head`, as every multi-node job
 starts its cluster), so the pre-started-cluster path is the tested default and no run pays for a Ray start of its
 own; `own_ray=True` gives a run a local Ray instead (RAY_ADDRESS unset: the recipe's default on one machine). The
-head is started by the first run that needs it, under $TEPO_TRAIN_LOCK like the trainings, and stopped when the
-pytest run ends (tests/conftest.py), by the ids of its own processes: `ray stop` would stop every Ray cluster on the
-machine. Every connection stays on loopback (`LOOPBACK`).
+head is started by the first run that needs it and stopped when the pytest run ends (tests/conftest.py), by the ids
+of its own processes: `ray stop` would stop every Ray cluster on the machine. Every connection stays on loopback
+(`LOOPBACK`). From the head's start until the pytest run ends, the run holds $TEPO_TRAIN_LOCK (when set), so that a
+study's training cannot slip in between its trainings.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import importlib.util
 import json
@@ -30,7 +32,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -85,20 +86,41 @@ def assert_step_updated(data: dict, step: int) -> None:
     assert metric(data, "grad_norm") > 0 or not informative, (step, metric(data, "grad_norm"))
 
 
+#: This process's hold on $TEPO_TRAIN_LOCK: its open file and how many holders share it (the flock is taken once).
+_lock = {"handle": None, "holders": 0}
+
+
+def _take_training_lock() -> None:
+    path = os.environ.get("TEPO_TRAIN_LOCK")
+    if not path:
+        return
+    if _lock["holders"] == 0:
+        handle = open(path, "a")
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        _lock["handle"] = handle
+    _lock["holders"] += 1
+
+
+def _release_training_lock() -> None:
+    if _lock["holders"] == 0:
+        return
+    _lock["holders"] -= 1
+    if _lock["holders"] == 0:
+        handle, _lock["handle"] = _lock["handle"], None
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        handle.close()
+
+
 @contextlib.contextmanager
 def training_lock():
     """Hold an exclusive flock on $TEPO_TRAIN_LOCK (when set) while a training runs, so that the tests never train
-    beside another training on a shared machine (benchmarks/study.py --lock takes the same flock)."""
-    path = os.environ.get("TEPO_TRAIN_LOCK")
-    if not path:
+    beside another training on a shared machine (benchmarks/study.py --lock takes the same flock). Re-entrant: once
+    the pytest run's Ray head is up, the run holds it until its end (shared_ray_head)."""
+    _take_training_lock()
+    try:
         yield
-        return
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    finally:
+        _release_training_lock()
 
 
 def processes_mentioning(marker: str) -> list[int]:
@@ -129,7 +151,7 @@ def stop_processes(pids: list[int]) -> None:
             time.sleep(0.5)
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class RayHead:
     address: str  # 127.0.0.1:<port>, what RAY_ADDRESS gets
     temp_dir: Path  # its own: every process of the head carries it on its command line
@@ -147,26 +169,37 @@ def _free_ports(count: int) -> list[int]:
             sock.close()
 
 
-def start_ray_head() -> RayHead:
+def start_ray_head(attempts: int = 3) -> RayHead:
     """`ray start --head --num-cpus=16 --num-gpus=1` (the resources the CPU recipe asks of a local Ray) on loopback, in
     a fresh temp dir, from an environment without the recipe's variables. Its ports are free ones, not Ray's fixed
-    defaults, so that it starts beside another Ray on the machine (a training study's)."""
+    defaults, so that it starts beside another Ray on the machine (a training study's). On a loaded machine the raylet
+    can give up waiting for its agent (a fixed 30 s in Ray 2.60): then it tries again, `attempts` times in all."""
+    for _ in range(attempts):
+        head, returncode = _start_ray_head_once()
+        if returncode == 0:
+            return head
+        stop_ray_head(head)
+    pytest.fail(f"`ray start --head` failed {attempts} times; the last (rc={returncode}):\n{head.started[-3000:]}",
+                pytrace=False)
+
+
+def _start_ray_head_once() -> tuple[RayHead, int]:
     temp_dir = tempfile.mkdtemp(prefix="tepo-ray-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
     gcs, dashboard, agent, client = _free_ports(4)
     env = {k: v for k, v in os.environ.items() if k not in RECIPE_EXPORTS and k != "RAY_ADDRESS"} | LOOPBACK
     env["RAY_AUTH_MODE"] = "disabled"  # a local test cluster: Ray 2.60 would ask clients for a token otherwise
     ray = Path(sys.executable).with_name("ray")
-    start = subprocess.run([str(ray), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={gcs}",
-                            "--num-cpus=16", "--num-gpus=1", f"--temp-dir={temp_dir}", "--include-dashboard=false",
-                            f"--dashboard-port={dashboard}", f"--dashboard-agent-listen-port={agent}",
-                            f"--ray-client-server-port={client}", "--object-store-memory=1000000000",
-                            "--disable-usage-stats"], env=env, capture_output=True, text=True, timeout=300)
-    printed = re.sub(r"\x1b\[[0-9;]*m", "", start.stdout + start.stderr)  # without its colours
-    head = RayHead(f"127.0.0.1:{gcs}", Path(temp_dir), printed)
-    if start.returncode != 0:
-        stop_ray_head(head)
-        pytest.fail(f"`ray start --head` failed (rc={start.returncode}):\n{head.started[-3000:]}", pytrace=False)
-    return head
+    command = [str(ray), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={gcs}", "--num-cpus=16",
+               "--num-gpus=1", f"--temp-dir={temp_dir}", "--include-dashboard=false", f"--dashboard-port={dashboard}",
+               f"--dashboard-agent-listen-port={agent}", f"--ray-client-server-port={client}",
+               "--object-store-memory=1000000000", "--disable-usage-stats"]
+    try:
+        start = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+        printed, returncode = start.stdout + start.stderr, start.returncode
+    except subprocess.TimeoutExpired:
+        printed, returncode = "`ray start` gave no answer in 300 s", -1
+    printed = re.sub(r"\x1b\[[0-9;]*m", "", printed)  # without its colours
+    return RayHead(f"127.0.0.1:{gcs}", Path(temp_dir), printed), returncode
 
 
 def stop_ray_head(head: RayHead) -> None:
@@ -178,24 +211,35 @@ _shared_head: RayHead | None = None
 
 
 def shared_ray_head() -> RayHead:
-    """The pytest run's Ray head, started on the first call (take $TEPO_TRAIN_LOCK first: `training_lock()`)."""
+    """The pytest run's Ray head, started on the first call. From then until the run ends the run holds
+    $TEPO_TRAIN_LOCK (when set): its trainings are one block, which no other training on the machine (a study's)
+    slips in between, and the head starts on a machine no training loads."""
     global _shared_head
     if _shared_head is None:
-        _shared_head = start_ray_head()
+        _take_training_lock()
+        try:
+            _shared_head = start_ray_head()
+        except BaseException:
+            _release_training_lock()
+            raise
     return _shared_head
 
 
 def stop_shared_ray_head() -> None:
-    """Stop the pytest run's Ray head, if a run started it (tests/conftest.py calls this when the run ends)."""
+    """Stop the pytest run's Ray head, if a run started it, and let go of the lock it held (tests/conftest.py calls
+    this when the run ends)."""
     global _shared_head
     if _shared_head is not None:
         head, _shared_head = _shared_head, None
-        stop_ray_head(head)
+        try:
+            stop_ray_head(head)
+        finally:
+            _release_training_lock()
 
 
 def recipe_env(run_dir: Path, algo: str, steps: int, own_ray: bool = False, **env: str) -> dict:
     """The environment of `ALGO=algo STEPS=steps bash recipes/cpu.sh` into run_dir, connected to the pytest run's Ray
-    head (started here if it is not yet: call it under `training_lock()`), or with a Ray of its own (`own_ray`)."""
+    head (started here if it is not yet), or with a Ray of its own (`own_ray`)."""
     full_env = {**os.environ, "ALGO": algo, "STEPS": str(steps), "RUN_DIR": str(run_dir), "PYTHON": sys.executable,
                 "COMPARE": "0", **LOOPBACK, **env}
     full_env.pop("VERL_FILE_LOGGER_PATH", None)

@@ -62,6 +62,30 @@ def test_this_machine_has_what_ci_needs_when_ci_is_set():
     assert (conftest_data.MATH_EVAL_DIR / "README.md").is_file()
 
 
+def test_the_training_lock_is_held_across_nested_holders_and_released_after_the_last(tmp_path, monkeypatch):
+    """conftest_e2e.training_lock flocks $TEPO_TRAIN_LOCK once however deeply it nests (the pytest run's Ray head
+    holds it from its start while each training takes it again), and lets go when the last holder does."""
+    import fcntl
+
+    lock = tmp_path / "train.lock"
+    monkeypatch.setenv("TEPO_TRAIN_LOCK", str(lock))
+
+    def free() -> bool:  # what another process (a study) would get
+        with open(lock, "a") as other:
+            try:
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            fcntl.flock(other, fcntl.LOCK_UN)
+            return True
+
+    with conftest_e2e.training_lock():
+        with conftest_e2e.training_lock():
+            assert not free()
+        assert not free()
+    assert free()
+
+
 # ---- make demo / make test / .ci/run --------------------------------------------------------------------------
 
 def _make_dry(target: str, venv: Path) -> list[str]:
