@@ -98,7 +98,8 @@ def _make_dry(target: str, venv: Path) -> list[str]:
     return proc.stdout.splitlines()
 
 
-@pytest.mark.parametrize("target, runs", [("demo", "-m tepo_verl.demo"), ("test", "-m pytest")])
+@pytest.mark.parametrize("target, runs", [("demo", "-m tepo_verl.demo"), ("test", "-m pytest --durations=25"),
+                                          ("check", '-m pytest -m "not e2e" -n 2 --dist loadfile')])
 def test_make_targets_set_up_a_fresh_venv_then_run(target, runs, tmp_path):
     venv = tmp_path / "venv"
     lines = _make_dry(target, venv)
@@ -138,7 +139,8 @@ def test_second_make_skips_the_set_up(tmp_path):
     (venv / ".tepo-verl-installed").touch()  # newer than setup.py and the CPU installer
     os.utime(venv / ".tepo-verl-installed", (time.time() + 5, time.time() + 5))
     lines = _make_dry("test", venv)
-    assert lines == [f'PATH="{venv}/bin:$PATH" VIRTUAL_ENV="{venv}" {venv}/bin/python -m pytest '], lines
+    assert lines == [f"{venv}/bin/ruff check --quiet .",  # the style check first, then the tests (25 slowest shown)
+                     f'PATH="{venv}/bin:$PATH" VIRTUAL_ENV="{venv}" {venv}/bin/python -m pytest --durations=25 '], lines
 
 
 #: A stand-in `make` for .ci/run: records where it ran, CI and its arguments, and exits with $FAKE_MAKE_EXIT.
