@@ -231,9 +231,10 @@ def test_grading_works_outside_the_main_thread():
 @pytest.mark.parametrize("isolation", ["inline", "process"])
 def test_threads_agree_with_sequential(isolation):
     calls = [(resp, gold) for resp, gold, _ in ANSWER_TABLE] * 4
-    sequential = [compute_score("x", resp, gold, isolation=isolation) for resp, gold in calls]
+    # a generous time bound: this checks that threads grade alike, not the 5 s default (which a loaded CI can miss)
+    sequential = [compute_score("x", resp, gold, isolation=isolation, timeout_s=120) for resp, gold in calls]
     with ThreadPoolExecutor(max_workers=8) as pool:
-        concurrent = list(pool.map(lambda call: compute_score("x", *call, isolation=isolation), calls))
+        concurrent = list(pool.map(lambda call: compute_score("x", *call, isolation=isolation, timeout_s=120), calls))
     assert concurrent == sequential
 
 
