@@ -29,8 +29,9 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.10",
+    # The plugin alone: the CPU mode, the tiny models and the demo are the lab's (lab/setup.py, package tepo_lab).
     packages=find_packages(include=["tepo_verl", "tepo_verl.*"]) + ["hydra_plugins.tepo_verl_searchpath"],
-    package_data={"tepo_verl": ["config/algorithm/*.yaml", "cpu/*.sh", "tiny/policies/*/*"]},
+    package_data={"tepo_verl": ["config/algorithm/*.yaml"]},
     install_requires=[
         # torch is deliberately not listed: verl brings it, and a bare `torch` requirement would let pip pull a
         # multi-GB CUDA build over an installed CPU one. Install the torch build you want first.

@@ -1,6 +1,6 @@
 """Post-import hooks: call a function on a module right after it is imported (at once if it already is).
 
-The plugin patches verl (and, in the CPU mode, vLLM) modules this way, so loading the plugin imports none of
+The plugin patches verl modules this way (and the lab's CPU mode, verl's and vLLM's), so loading them imports none of
 them in processes that never use them.
 """
 

@@ -1,4 +1,4 @@
-"""`tepo-verl demo` (the main job of `make demo`): its console lines, its handling of verl's JSONL as it grows,
+"""`tepo-lab demo` (the main job of `make demo`): its console lines, its handling of verl's JSONL as it grows,
 its failures, and the whole driver around a stand-in for recipes/cpu.sh (the real recipe runs in the e2e tests
 and in `make demo`)."""
 
@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from tepo_verl import demo
+from tepo_lab import demo
 
 #: `make demo` prints at most 60 lines in all on a fresh clone; the set-up's share is one line per stage
 #: (tests/test_quiet_setup.py), four.

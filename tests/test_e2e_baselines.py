@@ -1,6 +1,6 @@
 """End to end: the baselines of the comparison, GRPO, DAPO, GMPO and KL-Cov, run through verl's real trainer on
 CPU (recipes/cpu.sh with `ALGO=grpo`, `dapo`, `gmpo`, `kl_cov`), checked from verl's own logs. The results page and
-`tepo-verl demo` depend on the first two.
+`tepo-lab demo` depend on the first two.
 
 - GRPO keeps a reference model for its KL loss; on CPU the reference worker runs with FSDP2's CPU offload
   (the CPU mode's fix), and the KL loss against it must be logged, finite, on every step.

@@ -17,7 +17,6 @@ LOAD_ERROR: BaseException | None = None
 
 
 def _install() -> None:
-    __import__("tepo_verl.cpu").cpu.maybe_install()  # opt-in CPU mode (TEPO_VERL_CPU=1); a no-op otherwise
     from tepo_verl.verl_adapter import actor_loss, checks, cli, registry  # noqa: F401  (registers `tepo`)
     from tepo_verl.verl_adapter.contract import check_contract
     from tepo_verl.verl_adapter.version_check import check_verl_version
