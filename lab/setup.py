@@ -11,6 +11,7 @@ setup(
     name="tepo-verl-lab",
     version="0.1.0",
     description="tepo-verl's CPU lab: verl's real trainer on a CPU, tiny models, and the TEPO/GRPO/DAPO demo",
+    license="Apache-2.0",
     python_requires=">=3.10",
     packages=find_packages(include=["tepo_lab", "tepo_lab.*"]),
     package_data={"tepo_lab": ["cpu/*.sh", "tiny/policies/*/*"]},

@@ -11,6 +11,8 @@ import importlib
 import os
 import sys
 
+from tepo_verl.extras import MissingExtra
+
 #: command -> (module:function taking argv, one-line help)
 COMMANDS = {
     "data": ("tepo_verl.data.cli:main", "convert maths data sets to verl parquet; contamination check"),
@@ -57,6 +59,9 @@ def dispatch(prog: str, commands: dict, argv: list[str], elsewhere=None) -> int:
     except KeyboardInterrupt:
         print(f"{prog} {name}: interrupted", file=sys.stderr)
         return 130
+    except MissingExtra as error:  # its message says everything: what is missing and the pip line
+        print(f"{prog} {name}: error: {error}", file=sys.stderr)
+        return 1
     except Exception as error:  # noqa: BLE001 - the last guard: one line, never a traceback
         if os.environ.get("TEPO_VERL_DEBUG") == "1":
             raise

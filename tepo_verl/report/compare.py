@@ -23,11 +23,15 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
-from scipy import stats
+from tepo_verl.extras import require
 
-from tepo_verl.report.runs import (
+require("report", __name__)  # one line naming the extra, before pandas/scipy fail to import
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from scipy import stats  # noqa: E402
+
+from tepo_verl.report.runs import (  # noqa: E402
     CHECKPOINT_TIME,
     CLIP_FRAC,
     ENTROPY,
