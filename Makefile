@@ -28,7 +28,7 @@ STAGE := bash tools/setup_stage.sh $(LOG)
 # What `. .venv/bin/activate` does, for the jobs: the recipes and tests start `python` and tools by name.
 ACTIVATE := PATH="$(abspath $(VENV))/bin:$$PATH" VIRTUAL_ENV="$(abspath $(VENV))"
 
-.PHONY: demo test install clean-venv venv-090 test-090 clean-venv-090
+.PHONY: demo test install check-wheel clean-venv venv-090 test-090 clean-venv-090
 
 demo: $(STAMP)
 	@$(ACTIVATE) $(PY) -m tepo_lab.demo $(DEMO_ARGS)
@@ -38,6 +38,11 @@ test: $(STAMP)
 
 install: $(STAMP)
 	@:
+
+# The plugin's wheel, installed into a fresh venv with verl from the package index: it carries no lab, and
+# `algorithm=tepo --cfg job` composes there (tools/check_wheel.sh; needs no set-up of .venv).
+check-wheel:
+	@bash tools/check_wheel.sh
 
 $(STAMP): setup.py lab/setup.py lab/tepo_lab/cpu/install_cpu.sh tools/setup_stage.sh
 	@mkdir -p $(VENV) && : > $(LOG)
