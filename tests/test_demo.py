@@ -196,3 +196,12 @@ def test_demo_reruns_start_clean(fake_recipe, tmp_path, capsys):
     (run / "metrics.jsonl").write_text(json.dumps({"step": 99, "data": {}}) + "\n")
     assert demo.main(["--algos", "tepo", "--steps", "1", "--runs-root", "runs"]) == 0
     assert "step 99" not in capsys.readouterr().out
+
+
+def test_the_demo_outside_a_checkout_says_where_it_runs(monkeypatch, tmp_path, capsys):
+    """The lab installed without this checkout has no recipes/cpu.sh to run: one line says where the demo runs."""
+    assert demo.checkout_problem() is None  # the lab of this checkout
+    monkeypatch.setattr(demo, "RECIPE", tmp_path / "site-packages" / "recipes" / "cpu.sh")
+    assert demo.main(["--steps", "1"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the demo runs from a checkout of tepo-verl, where `make demo` runs it" in err, err

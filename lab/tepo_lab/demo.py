@@ -275,8 +275,9 @@ def context_lines(steps: int, parameters: int | None) -> list[str]:
     return [caveat, *study_headline()]
 
 
-def checkout_problem(recipe: Path = RECIPE) -> str | None:
+def checkout_problem(recipe: Path | None = None) -> str | None:
     """None when the lab runs from a checkout of tepo-verl (it needs recipes/cpu.sh there), else where to run it."""
+    recipe = RECIPE if recipe is None else recipe
     if recipe.is_file():
         return None
     return (f"the demo runs from a checkout of tepo-verl, where `make demo` runs it (no {recipe} beside this "
