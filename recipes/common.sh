@@ -328,6 +328,8 @@ run_recipe() {
       # through verl's runtime env: verl's file logger runs in the trainer, a Ray actor, which on a cluster started
       # beforehand (`ray start`, every multi-node job) does not see what this shell exports
       "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH=$(hydra_quoted "$metrics_file")"
+      # the columns `tepo-verl compare` reads beyond verl's own (docs/compare.md), logged by verl's trainer process
+      "+ray_kwargs.ray_init.runtime_env.env_vars.TEPO_VERL_COMPARE_METRICS='1'"
     )
   fi
 

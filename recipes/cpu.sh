@@ -96,6 +96,7 @@ fi
 
 # The CPU mode of the plugin (tepo_verl/cpu) in every process, and the environment it needs.
 export TEPO_VERL_CPU=1
+export TEPO_VERL_COMPARE_METRICS=1        # the columns `tepo-verl compare` reads beyond verl's own (docs/compare.md)
 export VERL_PLATFORM=cpu
 export VERL_ENGINE_DEVICE=cuda            # verl's FSDP engine is registered for cuda/npu; tensors stay on cpu
 export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"   # GiB of KV cache
@@ -112,7 +113,7 @@ export TQ_NUM_THREADS="${TQ_NUM_THREADS:-$("$PY" -c 'import psutil; print(min(8,
 # Such a cluster has its resources already, so ray.init must not be given num_cpus/num_gpus there.
 hydra_quoted() { local value=${1//\'/\\\'}; printf "'%s'" "$value"; }
 RAY_ARGS=()
-for name in TEPO_VERL_CPU VERL_PLATFORM VERL_ENGINE_DEVICE VLLM_CPU_KVCACHE_SPACE VLLM_CPU_OMP_THREADS_BIND \
+for name in TEPO_VERL_CPU TEPO_VERL_COMPARE_METRICS VERL_PLATFORM VERL_ENGINE_DEVICE VLLM_CPU_KVCACHE_SPACE VLLM_CPU_OMP_THREADS_BIND \
             TOKENIZERS_PARALLELISM VERL_FILE_LOGGER_PATH TQ_NUM_THREADS; do
   [[ -n "${!name-}" ]] && RAY_ARGS+=("+ray_kwargs.ray_init.runtime_env.env_vars.$name=$(hydra_quoted "${!name}")")
 done

@@ -145,6 +145,8 @@ def test_cpu_recipe_dry_run_prints_the_config_and_starts_nothing(tmp_path):
     assert config.actor_rollout_ref.actor.ppo_mini_batch_size == 2
     assert config.actor_rollout_ref.actor.optim.lr == 3e-5
     assert config.data.train_files.startswith(str(tmp_path / "cache"))
+    # the run asks for compare's columns in every Ray process (docs/compare.md), even on a cluster started beforehand
+    assert config.ray_kwargs.ray_init.runtime_env.env_vars.TEPO_VERL_COMPARE_METRICS == "1"
     # nothing started: no run folder, no tiny build, no trainer
     assert not run_dir.exists() and not (tmp_path / "runs").exists()
     assert not (tmp_path / "cache").exists()
