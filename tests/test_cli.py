@@ -109,7 +109,8 @@ def test_cpu_check_vllm_that_does_not_import(monkeypatch, capsys):
 
     from tepo_verl.cpu import versions
 
-    monkeypatch.setattr(versions, "installed_versions", lambda names=None: dict(versions.REQUIRED))
+    monkeypatch.setattr(versions, "installed_versions",
+                        lambda names=None: {name: accepted[-1] for name, accepted in versions.REQUIRED.items()})
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
     _one_line_error(capsys, main(["cpu-check"]), 1, "error: vllm does not import: ModuleNotFoundError",
                     "install_cpu.sh")
@@ -119,9 +120,10 @@ def test_cpu_check_mismatched_stack(monkeypatch, capsys):
     from tepo_verl.cpu import versions
 
     monkeypatch.setattr(versions, "installed_versions",
-                        lambda names=None: {**versions.REQUIRED, "verl": "0.9.0"})
+                        lambda names=None: {**{name: accepted[-1] for name, accepted in versions.REQUIRED.items()},
+                                            "verl": "0.8.0"})
     assert main(["cpu-check"]) == 1
-    assert "verl: installed 0.9.0, required 0.9.1" in capsys.readouterr().err
+    assert "verl: installed 0.8.0, required 0.9.0 or 0.9.1" in capsys.readouterr().err
 
 
 def test_unexpected_errors_become_one_line(monkeypatch, capsys):

@@ -8,13 +8,16 @@ import subprocess
 import sys
 
 import pytest
+from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
-from verl_config import actor_config, compose_config
+from verl_config import actor_config, command_line_config, compose_config
 
 from tepo_verl.core.options import TepoOptions
 from tepo_verl.verl_adapter.checks import TepoConfigError, check_tepo_config
-from tepo_verl.verl_adapter.cli import is_verl_command, normalize_algorithm_override
+from tepo_verl.verl_adapter.cli import is_verl_command, normalize_algorithm_override, rewrite_sys_argv
 from tepo_verl.verl_adapter.version_check import UnsupportedVerlVersion, check_verl_version
+
+pytestmark = pytest.mark.verl_090  # also run on verl 0.9.0 (make test-090, docs/testing.md)
 
 PRESETS = {
     "tepo": {"algorithm.adv_estimator": "tepo", "actor_rollout_ref.actor.policy_loss.loss_mode": "tepo",
@@ -78,7 +81,8 @@ DEFINING_KEYS = ["algorithm.adv_estimator", "actor_rollout_ref.actor.policy_loss
                  "actor_rollout_ref.actor.clip_ratio_low", "actor_rollout_ref.actor.clip_ratio_high",
                  "actor_rollout_ref.actor.loss_agg_mode", "actor_rollout_ref.actor.calculate_entropy",
                  "actor_rollout_ref.actor.use_kl_loss", "actor_rollout_ref.actor.entropy_coeff",
-                 "algorithm.use_kl_in_reward", "algorithm.filter_groups.enable"]
+                 "algorithm.use_kl_in_reward", "algorithm.filter_groups.enable",
+                 "algorithm.filter_groups.metric"]  # verl 0.9.0's default is null, 0.9.1's `reward`
 
 
 def _cli(*args, env=None, cwd="/"):
@@ -127,9 +131,11 @@ def test_every_preset_sets_every_defining_key():
             assert OmegaConf.select(merged, key) is not None, (name, key)
 
 
-@pytest.mark.parametrize("spelling", ["algorithm=tepo", "+algorithm=tepo"])
-def test_main_ppo_cfg_job_with_the_stock_entry_point(spelling):
-    result = _cli(spelling, "--cfg", "job")
+def test_main_ppo_cfg_job_with_the_stock_entry_point():
+    """The real command line, `algorithm=tepo` without Hydra's `+` (the plugin rewrites it in the driver). Its config
+    is the one composed in this process from either spelling (verl_config.command_line_config, which the recipe
+    tests use)."""
+    result = _cli("algorithm=tepo", "--cfg", "job")
     assert result.returncode == 0, result.stderr[-3000:]
     cfg = OmegaConf.create(result.stdout)
     assert cfg.algorithm.adv_estimator == "tepo"
@@ -137,6 +143,8 @@ def test_main_ppo_cfg_job_with_the_stock_entry_point(spelling):
     assert cfg.actor_rollout_ref.actor.policy_loss._target_ == "tepo_verl.verl_adapter.config.TepoPolicyLossConfig"
     # every option is in the preset (so each is an ordinary override), at its documented default
     assert OmegaConf.to_container(cfg.actor_rollout_ref.actor.policy_loss.tepo) == TepoOptions().to_dict()
+    for spelling in ("algorithm=tepo", "+algorithm=tepo"):
+        assert OmegaConf.to_container(command_line_config([spelling])) == OmegaConf.to_container(cfg), spelling
 
 
 @pytest.mark.parametrize("changed", [
@@ -150,16 +158,29 @@ def test_the_control_variants_are_plain_overrides_of_the_preset(changed):
 
 
 def test_unknown_preset_lists_the_available_ones():
-    result = _cli("algorithm=tepoo", "--cfg", "job")
-    assert result.returncode != 0
-    assert "Could not find 'algorithm/tepoo'" in result.stderr
+    from hydra.errors import MissingConfigException
+
+    with pytest.raises(MissingConfigException) as error:
+        command_line_config(["algorithm=tepoo"])
+    assert "Could not find 'algorithm/tepoo'" in str(error.value)
     for name in PRESETS:
-        assert name in result.stderr
+        assert name in str(error.value)
 
 
-def test_argv_rewrite_can_be_turned_off():
-    result = _cli("algorithm=tepo", "--cfg", "job", env={"TEPO_VERL_REWRITE_ARGV": "0"})
-    assert result.returncode != 0 and "Could not override 'algorithm'" in result.stderr
+def test_argv_rewrite_can_be_turned_off(monkeypatch):
+    """TEPO_VERL_REWRITE_ARGV=0 leaves a verl command's arguments as typed, and Hydra then refuses `algorithm=`."""
+    from hydra.errors import ConfigCompositionException
+
+    command = ["python", "-m", "verl.trainer.main_ppo", "algorithm=tepo", "--cfg", "job"]
+    monkeypatch.setattr(sys, "orig_argv", command)
+    for switch, expected in (("1", "+algorithm=tepo"), ("0", "algorithm=tepo")):
+        monkeypatch.setenv("TEPO_VERL_REWRITE_ARGV", switch)
+        monkeypatch.setattr(sys, "argv", ["main_ppo.py", *command[3:]])
+        rewrite_sys_argv()
+        assert sys.argv[1:] == [expected, "--cfg", "job"], switch
+    with initialize_config_module(config_module="verl.trainer.config", version_base=None):
+        with pytest.raises(ConfigCompositionException, match="Could not override 'algorithm'"):
+            compose(config_name="ppo_trainer", overrides=sys.argv[1:2])
 
 
 def test_normalize_algorithm_override():
@@ -230,10 +251,26 @@ def test_checks_run_in_the_real_main_before_any_worker_starts():
 
 
 def test_verl_version_outside_the_supported_range_is_refused():
-    assert check_verl_version("0.9.1") == "0.9.1"
-    for bad in ("0.8.0", "0.10.0", "1.0.0"):
-        with pytest.raises(UnsupportedVerlVersion, match=rf"supports verl .*installed verl is {bad}"):
+    for good in ("0.9.0", "0.9.1", "0.9.2"):
+        assert check_verl_version(good) == good
+    for bad in ("0.8.0", "0.8.5", "0.9.0rc1", "0.10.0", "1.0.0"):
+        with pytest.raises(UnsupportedVerlVersion) as refused:
             check_verl_version(bad)
+        assert str(refused.value) == (
+            f"tepo-verl supports verl >=0.9.0,<0.10 (tested with 0.9.0 and 0.9.1); installed verl is {bad}. "
+            "Install a supported verl: pip install 'verl>=0.9.0,<0.10'")
+
+
+def test_a_verl_command_on_verl_0_8_names_the_supported_range_in_one_line():
+    """verl 0.8 loads no plugins, so only Hydra's search-path plugin sees the preset: it names the version."""
+    from hydra_plugins.tepo_verl_searchpath import plugin_not_loaded_message
+
+    message = plugin_not_loaded_message(["algorithm=tepo"], "auto", verl_version="0.8.0")
+    assert message == ("algorithm=tepo is a tepo-verl preset, but tepo-verl supports verl >=0.9.0,<0.10 (tested with "
+                       "0.9.0 and 0.9.1); installed verl is 0.8.0. Install a supported verl: pip install "
+                       "'verl>=0.9.0,<0.10'")
+    # a supported verl keeps the reason about the plugin's loading
+    assert "VERL_USE_EXTERNAL_PLUGINS=none" in plugin_not_loaded_message(["algorithm=tepo"], "none", "0.9.0")
 
 
 # ------------------------------------------------------------------ plugin loading in a fresh process

@@ -456,6 +456,7 @@ def documented_preset_differences() -> tuple[list[str], dict[str, list[str]]]:
     return header[1:], table
 
 
+@pytest.mark.verl_090
 def test_the_docs_list_exactly_the_keys_in_which_the_presets_differ():
     from verl_config import compose_config
 

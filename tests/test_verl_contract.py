@@ -35,6 +35,8 @@ from tepo_verl.verl_adapter.contract import (
 from tepo_verl.verl_adapter.contract_probe import PROBE_LOSS_MODE
 from tepo_verl.verl_adapter.run_metrics import ENV_FLAG as COMPARE_METRICS
 
+pytestmark = pytest.mark.verl_090  # also run on verl 0.9.0 (make test-090, docs/testing.md)
+
 REPO = Path(__file__).resolve().parents[1]
 CHANGES = Path(__file__).resolve().parent / "verl_changes"
 

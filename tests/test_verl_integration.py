@@ -20,6 +20,8 @@ from verl_config import actor_config
 from tepo_verl.core import TepoOptions
 from tepo_verl.verl_adapter import actor_loss
 
+pytestmark = pytest.mark.verl_090  # also run on verl 0.9.0 (make test-090, docs/testing.md)
+
 TEPO_METRICS = {
     "tepo/mask_frac", "tepo/masked_kl_mean", "tepo/seq_ratio_mean", "tepo/seq_ratio_min", "tepo/seq_ratio_max",
     "tepo/seq_clipfrac", "tepo/entropy", "tepo/entropy_delta", "tepo/surprisal_disagreement",

@@ -4,7 +4,8 @@ Hydra finds this plugin by scanning the `hydra_plugins` namespace, even when ver
 (`VERL_USE_EXTERNAL_PLUGINS=none`) and tepo-verl's verl plugin never ran. Then `algorithm=tepo` would end in Hydra's
 "Could not override 'algorithm'" hint, and `+algorithm=tepo` would compose a loss that no process registers (and,
 for the baselines, a run without tepo-verl's comparison metrics). In a verl command that selects one of the presets,
-this plugin says so instead, in one line, and exits.
+this plugin says so instead, in one line, and exits. verl 0.8 and older never load verl plugins at all: there the
+line names the installed verl and the supported range.
 """
 
 import os
@@ -43,11 +44,20 @@ def selected_preset(argv: list[str]) -> str | None:
     return None
 
 
-def plugin_not_loaded_message(argv: list[str], policy: str) -> str | None:
-    """Why a verl command that selects a preset cannot work without tepo-verl's verl plugin, or None."""
+def plugin_not_loaded_message(argv: list[str], policy: str, verl_version: str | None = None) -> str | None:
+    """Why a verl command that selects a preset cannot work without tepo-verl's verl plugin, or None.
+
+    `verl_version`: the installed verl (None: not known); one outside the supported range is the reason given.
+    """
     preset = selected_preset(argv)
     if preset is None:
         return None
+    from packaging.version import Version
+
+    from tepo_verl.verl_adapter.version_check import SUPPORTED_VERL, unsupported_message
+
+    if verl_version is not None and Version(verl_version) not in SUPPORTED_VERL:
+        return f"algorithm={preset} is a tepo-verl preset, but {unsupported_message(verl_version)}"
     policy = policy.strip().lower()
     if policy == "none":
         why = "VERL_USE_EXTERNAL_PLUGINS=none turns verl's plugins off"
@@ -67,6 +77,9 @@ class TepoVerlSearchPathPlugin(SearchPathPlugin):
         plugin = sys.modules.get("tepo_verl.verl_adapter.plugin")
         loaded = plugin is not None and getattr(plugin, "_LOADED", False)  # a failed load refuses `tepo` itself
         if not loaded and _is_verl_command():
-            message = plugin_not_loaded_message(sys.argv[1:], os.environ.get("VERL_USE_EXTERNAL_PLUGINS", "auto"))
+            from tepo_verl.verl_adapter.version_check import installed_verl
+
+            message = plugin_not_loaded_message(sys.argv[1:], os.environ.get("VERL_USE_EXTERNAL_PLUGINS", "auto"),
+                                                installed_verl())
             if message:
                 sys.exit(f"error: {message}")  # before Hydra composes anything; a traceback would add nothing

@@ -1,4 +1,4 @@
-"""tepo-verl's opt-in CPU mode: run verl 0.9.1's real trainer (FSDP2 actor + vLLM rollout) on a CPU-only machine.
+"""tepo-verl's opt-in CPU mode: run verl 0.9's real trainer (FSDP2 actor + vLLM rollout) on a CPU-only machine.
 
 Off unless TEPO_VERL_CPU=1. Then, in every verl process (it is hooked from the plugin's entry point, which
 `import verl` loads in the driver, the Ray workers and vLLM's worker processes):
@@ -7,7 +7,8 @@ Off unless TEPO_VERL_CPU=1. Then, in every verl process (it is hooked from the p
 * a verl platform "cpu" is registered (platform.py) and selected (VERL_PLATFORM defaults to cpu), and verl's
   engine lookup is pointed at its FSDP engine (VERL_ENGINE_DEVICE defaults to cuda; tensors stay on the
   platform's device, cpu);
-* four code fixes and an update-memory metric are applied, each when its module is imported (patches.py).
+* five code fixes, a faster replay-buffer poll and an update-memory metric are applied, each when its module is
+  imported (patches.py).
 
 With TEPO_VERL_CPU unset nothing here runs: no platform is registered and nothing is patched.
 Install the tested stack with tepo_verl/cpu/install_cpu.sh; run with recipes/cpu.sh.

