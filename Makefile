@@ -1,7 +1,10 @@
-# Two commands on a fresh machine (2 CPU cores are enough):
+# On a fresh machine (2 CPU cores are enough):
 #
 #   make demo    set up .venv if needed, then TEPO vs GRPO vs DAPO through verl's real trainer (tepo-lab demo)
-#   make test    set up .venv if needed, then the whole test suite (CI runs this)
+#   make test    set up .venv if needed, then ruff and the whole test suite (CI runs this; it ends with the 25
+#                slowest tests)
+#   make check   set up .venv if needed, then ruff and every test but the trainer runs (-m "not e2e"), on two
+#                workers (pytest-xdist): the check for every edit, a few minutes on 2 cores
 #
 # Set-up (once; a stamp file in the venv makes later calls skip it, silently): a virtual environment, the CPU build
 # of torch, the plugin with its test extras and, beside it, the CPU lab (lab/: the CPU mode, the tiny models, the
@@ -28,13 +31,18 @@ STAGE := bash tools/setup_stage.sh $(LOG)
 # What `. .venv/bin/activate` does, for the jobs: the recipes and tests start `python` and tools by name.
 ACTIVATE := PATH="$(abspath $(VENV))/bin:$$PATH" VIRTUAL_ENV="$(abspath $(VENV))"
 
-.PHONY: demo test install check-wheel clean-venv venv-090 test-090 clean-venv-090
+.PHONY: demo test check install check-wheel clean-venv venv-090 test-090 clean-venv-090
 
 demo: $(STAMP)
 	@$(ACTIVATE) $(PY) -m tepo_lab.demo $(DEMO_ARGS)
 
 test: $(STAMP)
-	@$(ACTIVATE) $(PY) -m pytest $(PYTEST_ARGS)
+	@$(VENV)/bin/ruff check --quiet .
+	@$(ACTIVATE) $(PY) -m pytest --durations=25 $(PYTEST_ARGS)
+
+check: $(STAMP)
+	@$(VENV)/bin/ruff check --quiet .
+	@$(ACTIVATE) $(PY) -m pytest -m "not e2e" -n 2 --dist loadfile $(PYTEST_ARGS)
 
 install: $(STAMP)
 	@:

@@ -41,6 +41,7 @@
 #                   the full suite; generations go to <run>/eval_generations/N.jsonl (for `tepo-verl eval`).
 #                   Use the cluster shape (NNODES x GPUS_PER_NODE) of the run that saved it: shards are per rank.
 #   DRY_RUN=1       compose and print the full config (`--cfg job`) instead of running
+#   DRY_RUN=args    print the arguments verl would get, one a line, and start nothing (verl is not imported)
 # Extra command-line arguments are passed to verl last, so they override everything here.
 
 set -euo pipefail
@@ -118,6 +119,8 @@ model_context() {
 }
 
 run_recipe() {
+  local dry_run=${DRY_RUN:-0}
+  [[ "$dry_run" == 0 || "$dry_run" == 1 || "$dry_run" == args ]] || die "DRY_RUN must be 0, 1 or args, got '$dry_run'"
   ALGO=${ALGO:-tepo}
   check_algo "$ALGO"
   MODEL_PATH=${MODEL_PATH-$MODEL_DEFAULT_PATH}
@@ -341,12 +344,15 @@ PYEOF
       # through verl's runtime env: verl's file logger runs in the trainer, a Ray actor, which on a cluster started
       # beforehand (`ray start`, every multi-node job) does not see what this shell exports
       "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH=$(hydra_quoted "$metrics_file")"
+      # the columns `tepo-verl compare` reads beyond verl's own (docs/compare.md), logged by verl's trainer process
+      "+ray_kwargs.ray_init.runtime_env.env_vars.TEPO_VERL_COMPARE_METRICS='1'"
     )
   fi
 
-  if [[ "${DRY_RUN:-0}" == 1 ]]; then
-    exec python -m verl.trainer.main_ppo "${args[@]}" "$@" --cfg job
-  fi
+  case "$dry_run" in
+    1) exec python -m verl.trainer.main_ppo "${args[@]}" "$@" --cfg job ;;
+    args) printf '%s\n' "${args[@]}" "$@"; exit 0 ;;
+  esac
   mkdir -p "$output_dir/$experiment"
   if [[ "$val_only" == 0 ]]; then
     # verl's file logger truncates its file: a run that resumes from a checkpoint keeps the metrics so far as a

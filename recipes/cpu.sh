@@ -28,6 +28,8 @@
 #   PYTHON    interpreter (default: python)
 #   DRY_RUN=1 print the composed config (`--cfg job`) and start nothing: no training, no tiny build, no version
 #             check, so it works on any machine with verl, the plugin and the lab installed
+#   DRY_RUN=args  the same, but print the arguments verl would get, one a line, instead of composing them (verl is
+#             not imported)
 #   QUIET=1   verl's output goes to $RUN_DIR/console.log only, not to stdout (`tepo-lab demo` uses it); when verl
 #             fails, the last 25 lines of that log and its path go to stderr, and the recipe exits with verl's status
 #   COMPARE=0 skip the comparison table at the end
@@ -66,6 +68,10 @@ if ! [[ "$LR" =~ ^[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?$ ]] || [[ "$LR" =~ ^[0.]+([e
   exit 2
 fi
 DRY_RUN="${DRY_RUN:-0}"
+if [[ "$DRY_RUN" != 0 && "$DRY_RUN" != 1 && "$DRY_RUN" != args ]]; then
+  echo "recipes/cpu.sh: DRY_RUN must be 0, 1 or args, got '$DRY_RUN'" >&2
+  exit 2
+fi
 TASK="${TASK:-addition}"
 case "$TASK" in
   addition) MAX_RESPONSE=8 ;;
@@ -88,7 +94,7 @@ else
   RUNS_ROOT="${RUNS_ROOT:-$REPO/runs/cpu}"
   RUN_DIR="$RUNS_ROOT/$ALGO-seed$SEED"
 fi
-if [[ "$DRY_RUN" != 1 ]]; then
+if [[ "$DRY_RUN" == 0 ]]; then
   mkdir -p "$RUN_DIR"
   RUN_DIR="$(cd "$RUN_DIR" && pwd)"
   RUNS_ROOT="$(cd "$RUNS_ROOT" && pwd)"
@@ -97,6 +103,7 @@ fi
 # The lab's CPU mode (lab/tepo_lab/cpu, hooked into every verl process by the lab's entry point), and the environment
 # it needs.
 export TEPO_VERL_CPU=1
+export TEPO_VERL_COMPARE_METRICS=1        # the columns `tepo-verl compare` reads beyond verl's own (docs/compare.md)
 export VERL_PLATFORM=cpu
 export VERL_ENGINE_DEVICE=cuda            # verl's FSDP engine is registered for cuda/npu; tensors stay on cpu
 export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"   # GiB of KV cache
@@ -113,7 +120,7 @@ export TQ_NUM_THREADS="${TQ_NUM_THREADS:-$("$PY" -c 'import psutil; print(min(8,
 # Such a cluster has its resources already, so ray.init must not be given num_cpus/num_gpus there.
 hydra_quoted() { local value=${1//\'/\\\'}; printf "'%s'" "$value"; }
 RAY_ARGS=()
-for name in TEPO_VERL_CPU VERL_PLATFORM VERL_ENGINE_DEVICE VLLM_CPU_KVCACHE_SPACE VLLM_CPU_OMP_THREADS_BIND \
+for name in TEPO_VERL_CPU TEPO_VERL_COMPARE_METRICS VERL_PLATFORM VERL_ENGINE_DEVICE VLLM_CPU_KVCACHE_SPACE VLLM_CPU_OMP_THREADS_BIND \
             TOKENIZERS_PARALLELISM VERL_FILE_LOGGER_PATH TQ_NUM_THREADS; do
   [[ -n "${!name-}" ]] && RAY_ARGS+=("+ray_kwargs.ray_init.runtime_env.env_vars.$name=$(hydra_quoted "${!name}")")
 done
@@ -124,7 +131,7 @@ if ! "$PY" -c 'import tepo_lab' 2>/dev/null; then
   echo "recipes/cpu.sh: the CPU lab (package tepo_lab) is not installed for $PY: make install, or pip install -e lab" >&2
   exit 1
 fi
-if [[ "$DRY_RUN" == 1 ]]; then
+if [[ "$DRY_RUN" != 0 ]]; then
   TINY_DIR="${TINY_DIR:-$("$PY" -m tepo_lab.tiny build --task "$TASK" --print dir --dry-run)}"
   unset TEPO_VERL_CPU VERL_PLATFORM VERL_ENGINE_DEVICE   # composing the config needs no CPU mode
 else
@@ -138,8 +145,11 @@ fi
 MODEL="$TINY_DIR/model"
 REWARD="$("$PY" -c 'import tepo_lab.tiny.reward as r; print(r.__file__)')"
 
+# verl's command; DRY_RUN=args prints its arguments instead, one a line
+VERL=("$PY" -m verl.trainer.main_ppo)
+[[ "$DRY_RUN" == args ]] && VERL=(printf '%s\n')
 run_verl() {
-"$PY" -m verl.trainer.main_ppo \
+"${VERL[@]}" \
   "algorithm=$ALGO" \
   data.train_files="$TINY_DIR/data/train.parquet" \
   data.val_files="$TINY_DIR/data/val.parquet" \
@@ -200,6 +210,9 @@ run_verl() {
 
 if [[ "$DRY_RUN" == 1 ]]; then
   run_verl "$@" --cfg job     # the composed config on stdout, verl's warnings on stderr
+  exit $?
+elif [[ "$DRY_RUN" == args ]]; then
+  run_verl "$@"
   exit $?
 fi
 

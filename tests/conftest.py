@@ -1,11 +1,15 @@
 """The rule for missing prerequisites, enforced: under CI=true no test may skip. conftest_data.skip_or_fail fails
 there already; any other skip (a pytest.skip or pytest.importorskip that did not go through it) is turned into a
-failure here, with its reason, so nothing is silently left untested in CI."""
+failure here, with its reason, so nothing is silently left untested in CI.
+
+And the end-to-end runs' one Ray head per pytest run (tests/conftest_e2e.py): the `ray_head` fixture, and its stop
+when the run ends."""
 
 from __future__ import annotations
 
 import os
 
+import conftest_e2e
 import pytest
 from conftest_data import in_ci
 
@@ -22,3 +26,13 @@ def pytest_runtest_makereport(item, call):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         report.outcome = "failed"
         report.longrepr = f"CI=true, and the test skipped ({reason}): in CI a missing prerequisite is a failure"
+
+
+@pytest.fixture(scope="session")
+def ray_head() -> conftest_e2e.RayHead:
+    """The Ray head every end-to-end run of this pytest run connects to (conftest_e2e.shared_ray_head)."""
+    return conftest_e2e.shared_ray_head()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    conftest_e2e.stop_shared_ray_head()

@@ -1,7 +1,10 @@
-"""The baseline presets `dr_grpo`, `cispo`, `sapo` and `clip_cov` run verl's own losses (verl's registered policy
-losses in verl/trainer/ppo/core_algos.py) through the plugin's `ppo_loss` adapter on engine-shaped batches, with
-the actor config verl builds from each composed preset. Each loss is checked in float64 against its formula
-written out here from the papers and verl's docs, on what distinguishes it from the other presets."""
+"""The baseline presets `dr_grpo`, `cispo`, `sapo`, `clip_cov`, `gmpo` and `kl_cov` run verl's own losses (verl's
+registered policy losses in verl/trainer/ppo/core_algos.py) through the plugin's `ppo_loss` adapter on
+engine-shaped batches, with the actor config verl builds from each composed preset, and log that loss's own
+metrics. The first four are checked in float64 against their formulas written out here from the papers and verl's
+docs, on what distinguishes each from the other presets. (No preset of these gets a trainer run: what runs in the
+trainer is verl's own code; tests/test_verl_integration.py checks that the adapter leaves every such loss mode
+bit for bit as verl computes it.)"""
 
 from __future__ import annotations
 
@@ -15,7 +18,9 @@ from verl.trainer.ppo.ray_trainer import compute_advantage
 from verl.workers.utils import losses
 from verl_config import actor_config, compose_config
 
-BASELINES = ["dr_grpo", "cispo", "sapo", "clip_cov"]
+BASELINES = ["dr_grpo", "cispo", "sapo", "clip_cov", "gmpo", "kl_cov"]
+#: The loss mode each selects, where it is not the preset's name.
+LOSS_MODES = {"dr_grpo": "vanilla", "gmpo": "geo_mean"}
 #: Response lengths of the test batches: all non-empty, different, so every aggregation mode gives its own value.
 LENGTHS = [9, 2, 3, 1, 7, 4, 2, 5]
 
@@ -53,13 +58,37 @@ def assert_finite_with_gradient(loss, batch):
 @pytest.mark.parametrize("name", BASELINES)
 def test_each_baseline_preset_runs_its_verl_loss_through_ppo_loss(name):
     config = actor_config([f"+algorithm={name}"])
-    assert config.policy_loss.loss_mode == {"dr_grpo": "vanilla"}.get(name, name)
+    assert config.policy_loss.loss_mode == LOSS_MODES.get(name, name)
     batch = batch_for(1)
     loss, (metrics,) = run(losses.ppo_loss, config, batch, ref_log_prob=batch.ref_log_prob)
     assert_finite_with_gradient(loss, batch)
     assert torch.isfinite(torch.as_tensor(value(metrics["actor/pg_loss"]))).all()
-    assert ("kl_loss" in metrics) == (name == "cispo")  # of the four, only CISPO's example keeps the KL loss
+    assert ("kl_loss" in metrics) == (name == "cispo")  # of these, only CISPO's example keeps the KL loss
     assert not any(key.startswith("tepo/") for key in metrics)
+
+
+def test_gmpo_runs_verls_geo_mean_loss_with_its_clip_range():
+    """GMPO: verl's geo_mean at the preset's 0.4 range, logging the shares of tokens whose log-ratio left
+    [-0.4, 0.4], by the advantage's sign."""
+    config = actor_config(["+algorithm=gmpo"])
+    assert (config.clip_ratio_low, config.clip_ratio_high) == (0.4, 0.4)
+    batch = batch_for(1)  # log-ratios drift by 0.3 (standard deviation): beyond 0.4 on some tokens
+    _, (metrics,) = run(losses.ppo_loss, config, batch, ref_log_prob=batch.ref_log_prob)
+    for name in ("actor/pg_clipfrac", "actor/pg_clipfrac_lower"):
+        assert 0.0 <= value(metrics[name]) <= 1.0, (name, value(metrics[name]))
+    assert value(metrics["actor/pg_clipfrac"]) > 0
+    assert np.isfinite(value(metrics["actor/ppo_kl"]))
+
+
+def test_kl_cov_runs_verls_kl_cov_loss_with_its_coefficients():
+    """KL-Cov: verl's kl_cov with the preset's ratio and coefficient; it clips nothing, so it logs no clip fraction
+    (the vanilla loss would), and its one metric of its own, the mean |log-ratio|, is never negative."""
+    config = actor_config(["+algorithm=kl_cov"])
+    assert (config.policy_loss.kl_cov_ratio, config.policy_loss.ppo_kl_coef) == (0.002, 1.0)
+    batch = batch_for(1)
+    _, (metrics,) = run(losses.ppo_loss, config, batch, ref_log_prob=batch.ref_log_prob)
+    assert not any(key.endswith(("pg_clipfrac", "pg_clipfrac_lower")) for key in metrics), sorted(metrics)
+    assert value(metrics["actor/ppo_kl"]) > 0  # the batch's policies differ: a positive mean |log-ratio|
 
 
 # ------------------------------------------------------------------ Dr. GRPO

@@ -1,7 +1,8 @@
 """End to end: verl 0.9.1's real trainer runs TEPO on CPU (recipes/cpu.sh), checked from verl's own logs.
 
-Three runs of `python -m verl.trainer.main_ppo` (Ray, FSDP2 actor, vLLM rollout) on the tiny addition task, each
-read back from the file logger's JSONL and the console:
+Two runs of `python -m verl.trainer.main_ppo` (Ray, FSDP2 actor, vLLM rollout) on the tiny addition task, each
+read back from the file logger's JSONL and the console, both on the pytest run's Ray head, started beforehand as a
+multi-node job's cluster is (tests/conftest_e2e.py):
 
 - `tepo_run`: the `tepo` preset as shipped, one prompt per PPO mini-batch (OFF_POLICY_MINI): four updates per
   step, the last three off-policy;
@@ -9,15 +10,11 @@ read back from the file logger's JSONL and the console:
   actor forced (`PRECISION=bf16`; the recipe's default is float32): the off-policy update runs without the
   penalty (that the penalty changes the update is shown bit for bit in tests/test_penalty_changes_update.py:
   verl 0.9.1's trainer orders each step's rollout requests by random group ids, so two trainer runs with the same
-  seed do not sample the same responses);
-- `onpolicy_run`: one mini-batch per step (current == old policy), the current entropy computed and the literal
-  `old` mask rule, where the algorithm's invariants must hold exactly. Exactly is a CPU property: here the
-  old-log-prob pass and the update compute bit-identical log-probs and entropies. On a GPU they do not (bf16
-  lm-head, different micro-batch packings, non-deterministic kernels); the tolerance a GPU run must meet is in
-  the docstring of test_on_policy_invariants_hold_exactly.
+  seed do not sample the same responses).
 
-About 2 minutes each on 2 cores. Without the tested CPU stack the tests skip with the reason; under CI=true they
-fail instead (conftest_e2e). Marked `e2e`.
+The on-policy invariants (one mini-batch per step, where current == old) are checked on the resumed run of
+tests/test_e2e_resume.py. About 2 minutes each on 2 cores. Without the tested CPU stack the tests skip with the
+reason; under CI=true they fail instead (conftest_e2e). Marked `e2e`.
 """
 
 from __future__ import annotations
@@ -33,8 +30,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import conftest_e2e  # noqa: E402
-from conftest_e2e import assert_step_updated, metric, run_recipe  # noqa: E402
+from conftest_e2e import metric, run_recipe  # noqa: E402
 from tepo_reference import reference_advantage  # noqa: E402
+
+from tepo_verl.report.compare import run_row  # noqa: E402
+from tepo_verl.report.runs import load_run  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
@@ -82,12 +82,6 @@ def tepo_run(runs_root):
 def nomask_run(runs_root):
     return run_recipe(runs_root / "nomask" / "tepo-seed1", "tepo", STEPS, f"{MASK}=off",
                       MINI=str(OFF_POLICY_MINI), PRECISION="bf16")
-
-
-@pytest.fixture(scope="module")
-def onpolicy_run(runs_root):
-    return run_recipe(runs_root / "onpolicy" / "tepo-seed1", "tepo", STEPS,
-                      "actor_rollout_ref.actor.calculate_entropy=True", f"{MASK}=old", MINI=str(BATCH))
 
 
 # ---- the shipped preset, off-policy mini-batches ------------------------------------------------------------------
@@ -250,36 +244,29 @@ def test_mask_off_runs_the_off_policy_update_without_the_penalty(tepo_run, nomas
     assert any(metric(d, "tepo/masked_kl_mean") > 0 for d in mask_on)
 
 
-# ---- one mini-batch per step: current == old, the invariants hold exactly (CPU-exact properties) ------------------
+# ---- the Ray head started beforehand ---------------------------------------------------------------------------------
 
-def test_on_policy_invariants_hold_exactly(onpolicy_run):
-    """With one PPO mini-batch per step the update sees the policy that generated the data (current == old):
-    the sequence ratio is exactly 1, the current entropy equals the stored old one (entropy change 0, so the two
-    passes are aligned token for token), the literal `old` mask (H < H_old) is empty and the masked KL is 0.
-
-    These equalities are CPU-exact properties: on CPU both passes compute bit-identical numbers. On a GPU the
-    on-policy update sees 1 plus numerical noise, and a healthy GPU run must keep that noise well inside the clip
-    range: on the on-policy update, |log seq_ratio| <= 3e-5 for every response (seq_ratio_min/max within
-    1 +- 3e-5, a tenth of the 3e-4 clip, `tepo-verl doctor`'s threshold), seq_clipfrac 0, ppo_kl within +-3e-5,
-    and |entropy_delta| a small fraction of the entropy (<= 1e-3 of it); the literal `old` mask is then not empty
-    (noise makes H < H_old true on about half the tokens), which is why it needs a tolerance on a GPU.
-    benchmarks/gpu_check.py measures this noise on a GPU."""
-    records = onpolicy_run["records"]
-    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
-    for record in records:
-        data, step = record["data"], record["step"]
-        assert metric(data, "tepo/mask_rule/old") == 1.0, step
-        assert metric(data, "tepo/mask_fallback_used") == 0.0, step
-        for name in ("tepo/seq_ratio_mean", "tepo/seq_ratio_min", "tepo/seq_ratio_max"):
-            assert metric(data, name) == 1.0, (step, name, metric(data, name))
-        assert metric(data, "tepo/entropy_delta") == 0.0, step
-        assert metric(data, "tepo/surprisal_disagreement") == 0.0, step  # surprisal == surprisal_old on-policy
-        assert metric(data, "tepo/entropy") > 0.0, step  # the current entropy was computed (not a zero fill)
-        assert metric(data, "tepo/mask_frac") == 0.0, step
-        assert metric(data, "tepo/masked_kl_mean") == 0.0, step
-        assert metric(data, "tepo/seq_clipfrac") == 0.0, step
-        assert metric(data, "ppo_kl") == 0.0, step
-    # and the policy still learned: a non-zero gradient on every step whose groups' rewards differ
-    for record in records:
-        assert_step_updated(record["data"], record["step"])
-    assert any(metric(r["data"], "grad_norm") > 0 for r in records)
+def test_the_run_on_the_pre_started_ray_cluster_logs_into_the_run_folder(tepo_run, ray_head):
+    """recipes/cpu.sh with RAY_ADDRESS of a head started beforehand (`ray start --head`, as on every multi-node job),
+    from an environment without the recipe's variables: the driver connected to it on loopback instead of starting a
+    Ray of its own, passed it no resources, and the trainer (a Ray actor) got the recipe's variables through verl's
+    runtime env: its file logger wrote into the run folder, and the plugin loaded in the Ray processes."""
+    console, run_dir = tepo_run["console"], tepo_run["dir"]
+    assert f"Connecting to existing Ray cluster at address: {ray_head.address}" in console, console[-3000:]
+    assert "Connected to Ray cluster" in console and "Started a local Ray instance" not in console, console[-3000:]
+    assert ray_head.address.startswith("127.0.0.1:") and "Local node IP: 127.0.0.1" in ray_head.started
+    assert "num_cpus and num_gpus must not be provided" not in console
+    # the file logger wrote into the run folder (run_recipe fails the test when it did not), every step
+    assert [r["step"] for r in tepo_run["records"]] == list(range(1, STEPS + 1))
+    # and not into the worker's working directory, the logger's default without VERL_FILE_LOGGER_PATH
+    assert not list(ray_head.temp_dir.rglob(f"{run_dir.name}.jsonl"))
+    # the plugin loaded in the Ray processes on their own (the head never saw the recipe's variables): the actor
+    # worker ran TEPO's loss with the preset's mask rule, and the trainer logged the plugin's run metrics
+    for record in tepo_run["records"]:
+        data = record["data"]
+        assert metric(data, "tepo/mask_rule/surprisal_old") == 1.0, (record["step"], sorted(data))
+        assert metric(data, "tepo_verl/responses_generated") > 0, record["step"]
+    # compare's row of this uninterrupted run: every step and validation once (tests/test_e2e_resume.py holds a
+    # resumed run to the same)
+    row = run_row(load_run(run_dir / "metrics.jsonl"), 0.5)
+    assert (row["steps"], row["validations"]) == (STEPS, 2)  # validated before training and at the last step

@@ -17,8 +17,8 @@ import verl  # noqa: F401  (loads the plugin first, as in every verl process)
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 from test_presets_and_checks import DEFINING_KEYS
-from test_recipes import dry_config, flatten, run_recipe
-from verl_config import compose_config
+from test_recipes import dry_config, flatten, run_recipe, verl_args
+from verl_config import command_line_config, compose_config
 
 from tepo_verl.verl_adapter.checks import TepoConfigError, check_tepo_config
 
@@ -49,16 +49,14 @@ def megatron_config(overrides):
 
 @pytest.fixture(scope="module")
 def megatron_recipe_runs(tmp_path_factory):
-    """The Qwen3-14B recipe's ENGINE=megatron dry run (`python -m verl.trainer.main_ppo ... --cfg job`) per preset."""
+    """The config of the Qwen3-14B recipe with ENGINE=megatron per preset: the arguments it would give verl
+    (DRY_RUN=args), composed as `python -m verl.trainer.main_ppo ARGS --cfg job` does (tests/test_recipes.py)."""
     tmp = tmp_path_factory.mktemp("megatron")
-    with ThreadPoolExecutor(max_workers=2) as pool:
+    with ThreadPoolExecutor(max_workers=3) as pool:
         results = dict(zip(PRESETS, pool.map(lambda name: run_recipe("qwen3-14b.sh", tmp, ALGO=name,
                                                                      ENGINE="megatron"), PRESETS)))
-    out = {}
-    for name, result in results.items():
-        assert result.returncode == 0, (name, result.stderr[-3000:])
-        out[name] = flatten(OmegaConf.to_container(OmegaConf.create(result.stdout)))
-    return out
+    return {name: flatten(OmegaConf.to_container(command_line_config(verl_args(result))))
+            for name, result in results.items()}
 
 
 def assert_the_preset_algorithm(cfg: dict, name: str) -> None:
@@ -83,9 +81,12 @@ def test_every_preset_composes_in_the_megatron_recipe(megatron_recipe_runs, name
 
 
 def test_the_cli_composes_algorithm_tepo_on_the_megatron_config(tmp_path):
+    """The real command line on the Megatron config; the recipe tests compose the same way in their process."""
     result = _cli("--config-name", MEGATRON_CONFIG, "algorithm=tepo", "--cfg", "job", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert_the_preset_algorithm(flatten(OmegaConf.to_container(OmegaConf.create(result.stdout))), "tepo")
+    printed = OmegaConf.to_container(OmegaConf.create(result.stdout))
+    assert_the_preset_algorithm(flatten(printed), "tepo")
+    assert OmegaConf.to_container(command_line_config(["algorithm=tepo"], MEGATRON_CONFIG)) == printed
 
 
 @pytest.mark.parametrize("name", PRESETS)
@@ -131,8 +132,8 @@ def test_bad_megatron_settings_stop_with_one_line(tmp_path, env, message):
 # ------------------------------------------------------------------ the adapter's checks on the Megatron config
 
 @pytest.mark.parametrize("overrides, message", [
-    (["+algorithm=tepo", "trainer.use_v1=False"],
-     "mask_rule=surprisal_old needs the old-policy entropy H_old"),
+    (["+algorithm=tepo", "trainer.use_v1=False", "actor_rollout_ref.actor.policy_loss.tepo.mask_rule=old"],
+     "mask_rule=old needs the current-policy entropy H"),
     (["+algorithm=tepo", "actor_rollout_ref.actor.policy_loss.tepo.mask_rule=surprisal"],
      "mask_rule=surprisal needs the current-policy entropy H"),
     (["+algorithm=tepo", "actor_rollout_ref.actor.policy_loss.tepo.kl_target=ref"],

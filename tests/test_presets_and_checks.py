@@ -8,12 +8,13 @@ import subprocess
 import sys
 
 import pytest
+from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
-from verl_config import actor_config, compose_config
+from verl_config import actor_config, command_line_config, compose_config
 
 from tepo_verl.core.options import TepoOptions
 from tepo_verl.verl_adapter.checks import TepoConfigError, check_tepo_config
-from tepo_verl.verl_adapter.cli import is_verl_command, normalize_algorithm_override
+from tepo_verl.verl_adapter.cli import is_verl_command, normalize_algorithm_override, rewrite_sys_argv
 from tepo_verl.verl_adapter.version_check import UnsupportedVerlVersion, check_verl_version
 
 pytestmark = pytest.mark.verl_090  # also run on verl 0.9.0 (make test-090, docs/testing.md)
@@ -130,9 +131,11 @@ def test_every_preset_sets_every_defining_key():
             assert OmegaConf.select(merged, key) is not None, (name, key)
 
 
-@pytest.mark.parametrize("spelling", ["algorithm=tepo", "+algorithm=tepo"])
-def test_main_ppo_cfg_job_with_the_stock_entry_point(spelling):
-    result = _cli(spelling, "--cfg", "job")
+def test_main_ppo_cfg_job_with_the_stock_entry_point():
+    """The real command line, `algorithm=tepo` without Hydra's `+` (the plugin rewrites it in the driver). Its config
+    is the one composed in this process from either spelling (verl_config.command_line_config, which the recipe
+    tests use)."""
+    result = _cli("algorithm=tepo", "--cfg", "job")
     assert result.returncode == 0, result.stderr[-3000:]
     cfg = OmegaConf.create(result.stdout)
     assert cfg.algorithm.adv_estimator == "tepo"
@@ -140,6 +143,8 @@ def test_main_ppo_cfg_job_with_the_stock_entry_point(spelling):
     assert cfg.actor_rollout_ref.actor.policy_loss._target_ == "tepo_verl.verl_adapter.config.TepoPolicyLossConfig"
     # every option is in the preset (so each is an ordinary override), at its documented default
     assert OmegaConf.to_container(cfg.actor_rollout_ref.actor.policy_loss.tepo) == TepoOptions().to_dict()
+    for spelling in ("algorithm=tepo", "+algorithm=tepo"):
+        assert OmegaConf.to_container(command_line_config([spelling])) == OmegaConf.to_container(cfg), spelling
 
 
 @pytest.mark.parametrize("changed", [
@@ -153,16 +158,29 @@ def test_the_control_variants_are_plain_overrides_of_the_preset(changed):
 
 
 def test_unknown_preset_lists_the_available_ones():
-    result = _cli("algorithm=tepoo", "--cfg", "job")
-    assert result.returncode != 0
-    assert "Could not find 'algorithm/tepoo'" in result.stderr
+    from hydra.errors import MissingConfigException
+
+    with pytest.raises(MissingConfigException) as error:
+        command_line_config(["algorithm=tepoo"])
+    assert "Could not find 'algorithm/tepoo'" in str(error.value)
     for name in PRESETS:
-        assert name in result.stderr
+        assert name in str(error.value)
 
 
-def test_argv_rewrite_can_be_turned_off():
-    result = _cli("algorithm=tepo", "--cfg", "job", env={"TEPO_VERL_REWRITE_ARGV": "0"})
-    assert result.returncode != 0 and "Could not override 'algorithm'" in result.stderr
+def test_argv_rewrite_can_be_turned_off(monkeypatch):
+    """TEPO_VERL_REWRITE_ARGV=0 leaves a verl command's arguments as typed, and Hydra then refuses `algorithm=`."""
+    from hydra.errors import ConfigCompositionException
+
+    command = ["python", "-m", "verl.trainer.main_ppo", "algorithm=tepo", "--cfg", "job"]
+    monkeypatch.setattr(sys, "orig_argv", command)
+    for switch, expected in (("1", "+algorithm=tepo"), ("0", "algorithm=tepo")):
+        monkeypatch.setenv("TEPO_VERL_REWRITE_ARGV", switch)
+        monkeypatch.setattr(sys, "argv", ["main_ppo.py", *command[3:]])
+        rewrite_sys_argv()
+        assert sys.argv[1:] == [expected, "--cfg", "job"], switch
+    with initialize_config_module(config_module="verl.trainer.config", version_base=None):
+        with pytest.raises(ConfigCompositionException, match="Could not override 'algorithm'"):
+            compose(config_name="ppo_trainer", overrides=sys.argv[1:2])
 
 
 def test_normalize_algorithm_override():
@@ -183,9 +201,8 @@ BAD_CONFIGS = [
     (["actor_rollout_ref.actor.policy_loss.tepo.kl_target=ref"], r"kl_target=ref needs a reference model"),
     (["actor_rollout_ref.actor.policy_loss.tepo.mask_rule=surprisal"],
      r"mask_rule=surprisal needs the current-policy entropy.*actor_rollout_ref\.actor\.calculate_entropy=True"),
-    (["trainer.use_v1=False"], r"mask_rule=surprisal_old needs the old-policy entropy.*trainer\.use_v1=True"),
-    (["actor_rollout_ref.actor.policy_loss.tepo.mask_rule=old", "actor_rollout_ref.actor.calculate_entropy=True",
-      "trainer.use_v1=False"], r"trainer\.use_v1=True"),
+    (["actor_rollout_ref.actor.policy_loss.tepo.mask_rule=old", "trainer.use_v1=False"],
+     r"mask_rule=old needs the current-policy entropy.*actor_rollout_ref\.actor\.calculate_entropy=True"),
     (["actor_rollout_ref.actor.policy_loss.tepo.mask_rule=entropy"],
      r"mask_rule='entropy' is not valid; valid values: surprisal_old, surprisal, old, always, off"),
     (["+actor_rollout_ref.actor.policy_loss.tepo.beta=1"], r"Unknown TEPO option\(s\) \['beta'\]"),
@@ -212,6 +229,9 @@ def test_misconfigurations_are_caught_in_verl_validate_config(overrides, message
     ["actor_rollout_ref.actor.policy_loss.tepo.mask_rule=old", "actor_rollout_ref.actor.entropy_coeff=0.01"],
     ["actor_rollout_ref.actor.policy_loss.tepo.kl_target=ref",
      "actor_rollout_ref.actor.policy_loss.tepo.mask_rule=off"],
+    ["trainer.use_v1=False"],  # the legacy trainer: the plugin keeps the old entropy it computes (legacy_trainer.py)
+    ["trainer.use_v1=False", "actor_rollout_ref.actor.policy_loss.tepo.mask_rule=old",
+     "actor_rollout_ref.actor.calculate_entropy=True"],
 ])
 def test_valid_variants_pass_the_checks(overrides):
     check_tepo_config(compose_config(["+algorithm=tepo", *overrides]))

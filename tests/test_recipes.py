@@ -1,5 +1,9 @@
-"""Every GPU recipe x algorithm composes against the installed verl (DRY_RUN=1 -> `--cfg job`) and passes verl's
-own config validation; the dry-run configs show each choice docs/recipes.md reasons out."""
+"""Every GPU recipe x algorithm composes against the installed verl and passes verl's own config validation; the
+composed configs show each choice docs/recipes.md reasons out.
+
+The recipes run for real (bash) with DRY_RUN=args, which prints the arguments they would give verl, and those are
+composed in this process into verl's config (verl_config.command_line_config). That this is what verl's own
+`--cfg job` makes of them is checked once, on a paper recipe's DRY_RUN=1 (test_paper_recipe_printout)."""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ import pytest
 from conftest_data import MATH_EVAL_ROWS
 from omegaconf import OmegaConf
 from test_presets_and_checks import PRESETS
+from verl_config import command_line_config
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES_DIR = REPO / "recipes"
@@ -39,28 +44,33 @@ ALGOS = ["tepo", "tepo_nomask", "gspo", "grpo", "dapo"]
 PAPER_RECIPES = ["qwen2.5-7b.sh", "qwen3-14b.sh"]
 
 
-def run_recipe(recipe, tmp, *extra, **env):
-    full_env = {**os.environ, "DRY_RUN": "1", "OUTPUT_DIR": str(tmp), "DATA_DIR": str(tmp / "data"), **env}
+def run_recipe(recipe, tmp, *extra, dry_run="args", **env):
+    """`bash recipes/RECIPE EXTRA...` with DRY_RUN=dry_run (args: print verl's arguments; 1: verl's `--cfg job`)."""
+    full_env = {**os.environ, "DRY_RUN": dry_run, "OUTPUT_DIR": str(tmp), "DATA_DIR": str(tmp / "data"), **env}
     return subprocess.run(["bash", str(RECIPES_DIR / recipe), *extra], capture_output=True, text=True,
                           env=full_env, timeout=600, cwd=tmp)
 
 
-def dry_config(recipe, tmp, *extra, **env):
-    result = run_recipe(recipe, tmp, *extra, **env)
+def verl_args(result) -> list[str]:
+    """The arguments a DRY_RUN=args recipe would give verl (one a line on its stdout)."""
     assert result.returncode == 0, result.stderr[-3000:]
-    return OmegaConf.create(result.stdout)
+    return result.stdout.splitlines()
+
+
+def dry_config(recipe, tmp, *extra, **env):
+    """verl's config for what the recipe would run."""
+    return command_line_config(verl_args(run_recipe(recipe, tmp, *extra, **env)))
 
 
 @pytest.fixture(scope="module")
 def dry_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("recipes")
     jobs = [(recipe, algo) for recipe in RECIPES for algo in ALGOS]
-    with ThreadPoolExecutor(max_workers=3) as pool:
+    with ThreadPoolExecutor(max_workers=3) as pool:  # bash alone: the composition below is in this process
         results = list(pool.map(lambda job: run_recipe(job[0], tmp, ALGO=job[1]), jobs))
     out = {}
     for job, result in zip(jobs, results):
-        assert result.returncode == 0, (job, result.stderr[-3000:])
-        out[job] = OmegaConf.to_container(OmegaConf.create(result.stdout))
+        out[job] = OmegaConf.to_container(command_line_config(verl_args(result)))
     return tmp, out
 
 
@@ -96,6 +106,8 @@ def test_recipe_composes_with_the_intended_keys(dry_runs, recipe, algo):
     assert experiment.startswith(f"{algo}-")
     assert cfg.trainer.validation_data_dir == str(tmp / experiment / "val_generations")
     assert list(cfg.trainer.logger) == ["console", "file"]
+    # compare's columns, asked for in every Ray process (docs/compare.md), even on a cluster started beforehand
+    assert cfg.ray_kwargs.ray_init.runtime_env.env_vars.TEPO_VERL_COMPARE_METRICS == "1"
     # the keys the engine reads: gradient clipping, checkpoint retention, entropy checkpointing, chunked prefill
     assert actor.optim.clip_grad == 1.0
     assert cfg.trainer.max_actor_ckpt_to_keep == 2
@@ -196,12 +208,16 @@ def test_paper_setup(dry_runs, recipe):
     assert cfg.data.train_files[0].endswith("dapo_math_17k.parquet")
 
 
-def test_paper_recipe_printout(tmp_path):
-    """The dry run's printed YAML shows the paper's numbers as written."""
-    for recipe in PAPER_RECIPES:
-        out = run_recipe(recipe, tmp_path, ALGO="tepo").stdout
-        for line in ("train_batch_size: 64", "'n': 8", "ppo_mini_batch_size: 8", "max_response_length: 8192"):
-            assert re.search(rf"^\s*{re.escape(line)}$", out, re.M), (recipe, line)
+def test_paper_recipe_printout(dry_runs):
+    """The dry run docs/recipes.md shows (DRY_RUN=1: verl's own `--cfg job`, the one verl start of this file) prints
+    the paper's numbers as written (test_paper_setup checks them on both paper recipes), and its config is what the
+    other tests compose from the recipe's DRY_RUN=args: the same arguments, composed the same way."""
+    recipe = "qwen3-14b.sh"
+    result = run_recipe(recipe, dry_runs[0], ALGO="tepo", dry_run="1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    for line in ("train_batch_size: 64", "'n': 8", "ppo_mini_batch_size: 8", "max_response_length: 8192"):
+        assert re.search(rf"^\s*{re.escape(line)}$", result.stdout, re.M), (recipe, line)
+    assert OmegaConf.to_container(OmegaConf.create(result.stdout)) == dry_runs[1][(recipe, "tepo")]
 
 
 def test_no_keys_the_engine_ignores():
@@ -280,6 +296,7 @@ def test_val_only_evaluates_one_checkpoint_in_full(tmp_path):
     assert cfg.actor_rollout_ref.rollout.val_kwargs.n == 16 and cfg.data.val_max_samples == -1
     assert trainer.validation_data_dir == str(ckpt.parent.parent / "eval_generations")
     assert list(trainer.logger) == ["console"]
+    assert "TEPO_VERL_COMPARE_METRICS" not in (OmegaConf.select(cfg, "ray_kwargs.ray_init.runtime_env.env_vars") or {})
     assert cfg.actor_rollout_ref.rollout.val_kwargs.do_sample and cfg.actor_rollout_ref.rollout.val_kwargs.top_p == 0.95
 
 
@@ -296,6 +313,7 @@ def test_val_only_evaluates_one_checkpoint_in_full(tmp_path):
      "CKPT='/nonexistent/global_step_3' is not an existing folder"),
     ({"VAL_ONLY": "1", "CKPT": "/"}, "CKPT='/' must be a checkpoint folder named global_step_N"),
     ({"VAL_ONLY": "yes"}, "VAL_ONLY must be 0 or 1, got 'yes'"),
+    ({"DRY_RUN": "yes"}, "DRY_RUN must be 0, 1 or args, got 'yes'"),
 ])
 def test_bad_values_stop_with_a_clear_message(tmp_path, env, message):
     result = run_recipe("qwen2.5-math-1.5b.sh", tmp_path, **env)

@@ -62,6 +62,30 @@ def test_this_machine_has_what_ci_needs_when_ci_is_set():
     assert (conftest_data.MATH_EVAL_DIR / "README.md").is_file()
 
 
+def test_the_training_lock_is_held_across_nested_holders_and_released_after_the_last(tmp_path, monkeypatch):
+    """conftest_e2e.training_lock flocks $TEPO_TRAIN_LOCK once however deeply it nests (the pytest run's Ray head
+    holds it from its start while each training takes it again), and lets go when the last holder does."""
+    import fcntl
+
+    lock = tmp_path / "train.lock"
+    monkeypatch.setenv("TEPO_TRAIN_LOCK", str(lock))
+
+    def free() -> bool:  # what another process (a study) would get
+        with open(lock, "a") as other:
+            try:
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            fcntl.flock(other, fcntl.LOCK_UN)
+            return True
+
+    with conftest_e2e.training_lock():
+        with conftest_e2e.training_lock():
+            assert not free()
+        assert not free()
+    assert free()
+
+
 # ---- make demo / make test / .ci/run --------------------------------------------------------------------------
 
 def _make_dry(target: str, venv: Path) -> list[str]:
@@ -74,7 +98,8 @@ def _make_dry(target: str, venv: Path) -> list[str]:
     return proc.stdout.splitlines()
 
 
-@pytest.mark.parametrize("target, runs", [("demo", "-m tepo_lab.demo"), ("test", "-m pytest")])
+@pytest.mark.parametrize("target, runs", [("demo", "-m tepo_lab.demo"), ("test", "-m pytest --durations=25"),
+                                          ("check", '-m pytest -m "not e2e" -n 2 --dist loadfile')])
 def test_make_targets_set_up_a_fresh_venv_then_run(target, runs, tmp_path):
     venv = tmp_path / "venv"
     lines = _make_dry(target, venv)
@@ -115,7 +140,8 @@ def test_second_make_skips_the_set_up(tmp_path):
     (venv / ".tepo-verl-installed").touch()  # newer than setup.py and the CPU installer
     os.utime(venv / ".tepo-verl-installed", (time.time() + 5, time.time() + 5))
     lines = _make_dry("test", venv)
-    assert lines == [f'PATH="{venv}/bin:$PATH" VIRTUAL_ENV="{venv}" {venv}/bin/python -m pytest '], lines
+    assert lines == [f"{venv}/bin/ruff check --quiet .",  # the style check first, then the tests (25 slowest shown)
+                     f'PATH="{venv}/bin:$PATH" VIRTUAL_ENV="{venv}" {venv}/bin/python -m pytest --durations=25 '], lines
 
 
 #: A stand-in `make` for .ci/run: records where it ran, CI and its arguments, and exits with $FAKE_MAKE_EXIT.
@@ -148,29 +174,44 @@ def test_ci_runs_make_test_from_the_repository_with_ci_set(ci, expected, tmp_pat
     assert failed.returncode == 3
 
 
-# ---- recipes/cpu.sh DRY_RUN=1 -------------------------------------------------------------------------------------
+# ---- recipes/cpu.sh DRY_RUN=1 and DRY_RUN=args ---------------------------------------------------------------------
 
 def test_cpu_recipe_dry_run_prints_the_config_and_starts_nothing(tmp_path):
+    """DRY_RUN=1 prints verl's `--cfg job` of what the recipe would run, and DRY_RUN=args the arguments it would give
+    verl, whose composition is that config; neither starts anything."""
     conftest_data.require_module("verl", "composing verl's config needs verl")
+    from verl_config import command_line_config
+
     run_dir = tmp_path / "runs" / "grpo-seed1"
-    env = dict(os.environ, DRY_RUN="1", ALGO="grpo", STEPS="7", LR="3e-5", RUN_DIR=str(run_dir),
-               PYTHON=sys.executable, TEPO_VERL_CACHE=str(tmp_path / "cache"))
+    env = dict(os.environ, ALGO="grpo", STEPS="7", LR="3e-5", RUN_DIR=str(run_dir), PYTHON=sys.executable,
+               TEPO_VERL_CACHE=str(tmp_path / "cache"))
+
+    def dry_run(mode):
+        return subprocess.run(["bash", str(REPO / "recipes" / "cpu.sh"), "trainer.test_freq=2"],
+                              env={**env, "DRY_RUN": mode}, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+
     started = time.monotonic()
-    proc = subprocess.run(["bash", str(REPO / "recipes" / "cpu.sh"), "trainer.test_freq=2"], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300)
+    proc = dry_run("1")
+    seconds = time.monotonic() - started
     assert proc.returncode == 0, proc.stderr[-3000:]
     config = OmegaConf.create(proc.stdout)  # stdout is the composed config alone
+    listed = dry_run("args")
+    assert listed.returncode == 0, listed.stderr[-3000:]
+    assert listed.stdout.splitlines()[-1] == "trainer.test_freq=2"
+    assert OmegaConf.to_container(command_line_config(listed.stdout.splitlines())) == OmegaConf.to_container(config)
     assert config.algorithm.adv_estimator == "grpo"
     assert config.trainer.total_training_steps == 7
     assert config.trainer.test_freq == 2  # extra arguments go to verl last
     assert config.actor_rollout_ref.actor.ppo_mini_batch_size == 2
     assert config.actor_rollout_ref.actor.optim.lr == 3e-5
     assert config.data.train_files.startswith(str(tmp_path / "cache"))
+    # the run asks for compare's columns in every Ray process (docs/compare.md), even on a cluster started beforehand
+    assert config.ray_kwargs.ray_init.runtime_env.env_vars.TEPO_VERL_COMPARE_METRICS == "1"
     # nothing started: no run folder, no tiny build, no trainer
     assert not run_dir.exists() and not (tmp_path / "runs").exists()
     assert not (tmp_path / "cache").exists()
-    assert "TaskRunner" not in proc.stdout + proc.stderr
-    assert time.monotonic() - started < 120
+    assert "TaskRunner" not in proc.stdout + proc.stderr + listed.stdout + listed.stderr
+    assert seconds < 120
 
 
 @pytest.mark.parametrize(
@@ -183,6 +224,7 @@ def test_cpu_recipe_dry_run_prints_the_config_and_starts_nothing(tmp_path):
         ({"LR": "0"}, "LR must be a positive number (such as 1e-4 or 0.00003), got '0'"),
         ({"LR": "-1e-4"}, "LR must be a positive number (such as 1e-4 or 0.00003), got '-1e-4'"),
         ({"LR": "fast"}, "LR must be a positive number (such as 1e-4 or 0.00003), got 'fast'"),
+        ({"DRY_RUN": "yes"}, "DRY_RUN must be 0, 1 or args, got 'yes'"),
     ],
 )
 def test_cpu_recipe_bad_settings(env, message, tmp_path):
@@ -229,7 +271,7 @@ def test_a_quiet_run_that_succeeds_shows_nothing_of_verls_output(tmp_path):
 
 def test_any_skip_fails_under_ci(tmp_path):
     """A bare pytest.skip / pytest.importorskip in a test skips off CI and fails under CI=true."""
-    for name in ("conftest.py", "conftest_data.py"):
+    for name in ("conftest.py", "conftest_data.py", "conftest_e2e.py"):
         (tmp_path / name).write_text((Path(__file__).parent / name).read_text())
     (tmp_path / "test_bare.py").write_text(
         "import pytest\n\n"

@@ -1,10 +1,12 @@
-"""Compose verl's real Hydra config (with the tepo-verl presets) and build its real actor dataclass."""
+"""Compose verl's real Hydra config (with the tepo-verl presets) and build its real actor dataclass, in this process."""
 
 from __future__ import annotations
 
 import verl  # noqa: F401  (loads the tepo-verl plugin, as in every verl process)
 from hydra import compose, initialize_config_module
 from verl.utils.config import omega_conf_to_dataclass
+
+from tepo_verl.verl_adapter.cli import normalize_algorithm_override
 
 BASE = ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"]
 
@@ -17,3 +19,11 @@ def compose_config(overrides=()):
 def actor_config(overrides=()):
     """verl's FSDPActorConfig, exactly as engine_workers builds it (omega_conf_to_dataclass of the actor node)."""
     return omega_conf_to_dataclass(compose_config(overrides).actor_rollout_ref.actor)
+
+
+def command_line_config(args, config_name="ppo_trainer"):
+    """The config `python -m verl.trainer.main_ppo [--config-name NAME] ARGS --cfg job` prints, composed here: the
+    plugin's rewrite of `algorithm=NAME` in a verl command's arguments, then Hydra on verl's config module, as
+    main_ppo's `@hydra.main` does (tests/test_presets_and_checks.py runs the real command and compares)."""
+    with initialize_config_module(config_module="verl.trainer.config", version_base=None):
+        return compose(config_name=config_name, overrides=normalize_algorithm_override(list(args)))

@@ -397,8 +397,8 @@ def render(summary: pd.DataFrame, per_run: pd.DataFrame, paired: pd.DataFrame, t
                      "filter.")
     missing = sorted(per_run.loc[per_run["entropy_start"].isna(), "run"])
     if missing:
-        lines.append(f"no {ENTROPY} in {len(missing)} run(s) (logged by tepo-verl's hook in verl's v1 trainer): "
-                     + ", ".join(missing))
+        lines.append(f"no {ENTROPY} in {len(missing)} run(s) (logged by tepo-verl's hook in verl's v1 trainer, for a "
+                     "run with TEPO_VERL_COMPARE_METRICS=1, docs/compare.md): " + ", ".join(missing))
     return "\n".join(lines) + "\n"
 
 

@@ -27,6 +27,10 @@ from tepo_verl.verl_adapter.ratio_metric import FirstMiniBatchMetric, RatioMetri
 #: What provides the reference log-probs (kl_target=ref); the mask rules' tensors are in core.mask.MASK_INPUTS.
 REF_LOG_PROB_PROVIDER = ("the reference log-probs: a reference model, i.e. actor_rollout_ref.actor.use_kl_loss=True "
                          "(kl_loss_coef may be 0) or algorithm.use_kl_in_reward=True")
+#: How a tensor that no config key switches on reaches the loss: verl's main_ppo stores it on either trainer.
+STORED_PROVIDER = ("run through verl's main_ppo: the v1 trainer stores it; on the legacy trainer "
+                   "(trainer.use_v1=False) tepo-verl keeps it once the trainer's process has passed the config to "
+                   "verl.utils.config.validate_config, as main_ppo_v0's TaskRunner does")
 
 
 def provider(name: str) -> str:
@@ -34,6 +38,8 @@ def provider(name: str) -> str:
     if name == "ref_log_prob":
         return REF_LOG_PROB_PROVIDER
     needed = MASK_INPUTS[name]
+    if needed.config_key is None:
+        return f"{needed.meaning}: {STORED_PROVIDER}"
     return f"{needed.meaning}: set {needed.config_key}={needed.config_value}"
 
 
