@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tepo_verl.evaluation.samples import read_records
 
-#: The chain task's question, "What is 17+37+10?" (tepo_verl/tiny/scratchpad.py:question).
+#: The chain task's question, "What is 17+37+10?" (lab/tepo_lab/tiny/scratchpad.py:question).
 QUESTION = re.compile(r"What is ([0-9+]+)\?")
 
 

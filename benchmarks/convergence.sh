@@ -4,7 +4,7 @@
 #
 #   ALGOS="tepo grpo dapo" SEEDS="1 2" STEPS=20 bash benchmarks/convergence.sh [--target 0.5]
 #
-# Needs the CPU stack (bash tepo_verl/cpu/install_cpu.sh). Each run takes about 2 minutes of start-up plus
+# Needs the CPU stack (bash lab/tepo_lab/cpu/install_cpu.sh). Each run takes about 2 minutes of start-up plus
 # a few seconds per step on 2 cores. Arguments are passed to `tepo-verl compare`.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

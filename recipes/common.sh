@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Shared body of the GPU recipes: FSDP2 (or Megatron) actor + vLLM rollout on verl's stock entry point (verl 0.9.1
-# keys).
+# keys). Install tepo-verl with the extras they use, in the environment that runs verl:
+#   pip install -e '.[reward,report]'     (the maths reward, data conversion and evaluation; tepo-verl compare)
 # A model recipe sets MODEL_* defaults and calls `run_recipe "$@"`. ALGO selects the preset and is the ONLY
 # thing that differs between algorithms, so a comparison is fair by construction. Every number is reasoned in
 # docs/recipes.md (memory, rollout TP, token budgets, validation cost, checkpoint disk use).
@@ -234,9 +235,21 @@ run_recipe() {
     *) die "ENGINE must be fsdp or megatron, got '$engine'" ;;
   esac
 
+  # the maths reward, which verl's reward workers load by path: tepo-verl's 'reward' extra (one line when missing)
   local reward_file
-  reward_file=$(python -c 'import tepo_verl.reward.math_reward as m; print(m.__file__)') \
-    || die "cannot import tepo_verl (pip install -e . in this environment)"
+  reward_file=$(python - <<'PYEOF'
+import sys
+try:
+    from tepo_verl.extras import MissingExtra
+except ImportError as error:
+    sys.exit(f"error: cannot import tepo_verl ({error}): pip install -e '.[reward,report]' in this environment")
+try:
+    import tepo_verl.reward.math_reward as reward
+except MissingExtra as error:
+    sys.exit(f"error: {error}")
+print(reward.__file__)
+PYEOF
+) || exit 2
 
   local args=(
     "algorithm=$ALGO"
@@ -331,6 +344,8 @@ run_recipe() {
       # through verl's runtime env: verl's file logger runs in the trainer, a Ray actor, which on a cluster started
       # beforehand (`ray start`, every multi-node job) does not see what this shell exports
       "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH=$(hydra_quoted "$metrics_file")"
+      # the columns `tepo-verl compare` reads beyond verl's own (docs/compare.md), logged by verl's trainer process
+      "+ray_kwargs.ray_init.runtime_env.env_vars.TEPO_VERL_COMPARE_METRICS='1'"
     )
   fi
 

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Run verl 0.9.1's real trainer (python -m verl.trainer.main_ppo: FSDP2 actor, vLLM rollout, Ray) with a
-# tepo-verl algorithm preset on a CPU-only machine, on the tiny addition task (tepo_verl/tiny).
+# tepo-verl algorithm preset on a CPU-only machine, on the tiny addition task (lab/tepo_lab/tiny).
 #
 #   ALGO=tepo STEPS=3 bash recipes/cpu.sh [extra verl overrides...]
 #
-# Needs the CPU stack in the active venv (bash tepo_verl/cpu/install_cpu.sh). Env:
+# Needs the CPU stack in the active venv (bash lab/tepo_lab/cpu/install_cpu.sh). Env:
 #   ALGO      tepo (default) | grpo | dapo | tepo_nomask  (any preset in tepo_verl/config/algorithm/)
 #   STEPS     training steps (default 3)
 #   SEED      seed of the data order, the rollout sampler and the actor (default 1)
@@ -15,7 +15,7 @@
 #   MINI      prompts per PPO mini-batch (default BATCH/2: two updates per step, the second one off-policy,
 #             so the ratio, clipping and KL mask see current != old as on a GPU cluster)
 #   TASK      addition (default: 'What is 37+45?', 3-token responses) | scratchpad (4 operands, partial sums
-#             before the answer, 26-29-token responses; tepo_verl/tiny/scratchpad.py) | chain (the scratchpad
+#             before the answer, 26-29-token responses; lab/tepo_lab/tiny/scratchpad.py) | chain (the scratchpad
 #             with 3 to 5 operands, each partial sum beside its operands: 21-59-token responses, validated on
 #             256 problems)
 #   TINY_DIR  a tiny build to use (default: built or reused from ~/.cache/tepo-verl/tiny with the policy shipped in
@@ -27,10 +27,10 @@
 #             moves in steps of 3.9e-3, coarser than GSPO/TEPO's 3e-4 clip; tepo_verl/verl_adapter/precision.py)
 #   PYTHON    interpreter (default: python)
 #   DRY_RUN=1 print the composed config (`--cfg job`) and start nothing: no training, no tiny build, no version
-#             check, so it works on any machine with verl installed
+#             check, so it works on any machine with verl, the plugin and the lab installed
 #   DRY_RUN=args  the same, but print the arguments verl would get, one a line, instead of composing them (verl is
 #             not imported)
-#   QUIET=1   verl's output goes to $RUN_DIR/console.log only, not to stdout (`tepo-verl demo` uses it); when verl
+#   QUIET=1   verl's output goes to $RUN_DIR/console.log only, not to stdout (`tepo-lab demo` uses it); when verl
 #             fails, the last 25 lines of that log and its path go to stderr, and the recipe exits with verl's status
 #   COMPARE=0 skip the comparison table at the end
 # Extra arguments are passed to verl after the recipe's own, so they override them.
@@ -100,8 +100,10 @@ if [[ "$DRY_RUN" == 0 ]]; then
   RUNS_ROOT="$(cd "$RUNS_ROOT" && pwd)"
 fi
 
-# The CPU mode of the plugin (tepo_verl/cpu) in every process, and the environment it needs.
+# The lab's CPU mode (lab/tepo_lab/cpu, hooked into every verl process by the lab's entry point), and the environment
+# it needs.
 export TEPO_VERL_CPU=1
+export TEPO_VERL_COMPARE_METRICS=1        # the columns `tepo-verl compare` reads beyond verl's own (docs/compare.md)
 export VERL_PLATFORM=cpu
 export VERL_ENGINE_DEVICE=cuda            # verl's FSDP engine is registered for cuda/npu; tensors stay on cpu
 export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"   # GiB of KV cache
@@ -118,25 +120,30 @@ export TQ_NUM_THREADS="${TQ_NUM_THREADS:-$("$PY" -c 'import psutil; print(min(8,
 # Such a cluster has its resources already, so ray.init must not be given num_cpus/num_gpus there.
 hydra_quoted() { local value=${1//\'/\\\'}; printf "'%s'" "$value"; }
 RAY_ARGS=()
-for name in TEPO_VERL_CPU VERL_PLATFORM VERL_ENGINE_DEVICE VLLM_CPU_KVCACHE_SPACE VLLM_CPU_OMP_THREADS_BIND \
+for name in TEPO_VERL_CPU TEPO_VERL_COMPARE_METRICS VERL_PLATFORM VERL_ENGINE_DEVICE VLLM_CPU_KVCACHE_SPACE VLLM_CPU_OMP_THREADS_BIND \
             TOKENIZERS_PARALLELISM VERL_FILE_LOGGER_PATH TQ_NUM_THREADS; do
   [[ -n "${!name-}" ]] && RAY_ARGS+=("+ray_kwargs.ray_init.runtime_env.env_vars.$name=$(hydra_quoted "${!name}")")
 done
 [[ -n "${RAY_ADDRESS:-}" ]] || RAY_ARGS+=(ray_kwargs.ray_init.num_cpus=16 +ray_kwargs.ray_init.num_gpus=1)
 
+# The tiny task, its reward and the CPU mode are the lab's (lab/, installed beside the plugin by `make install`).
+if ! "$PY" -c 'import tepo_lab' 2>/dev/null; then
+  echo "recipes/cpu.sh: the CPU lab (package tepo_lab) is not installed for $PY: make install, or pip install -e lab" >&2
+  exit 1
+fi
 if [[ "$DRY_RUN" != 0 ]]; then
-  TINY_DIR="${TINY_DIR:-$("$PY" -m tepo_verl.tiny build --task "$TASK" --print dir --dry-run)}"
+  TINY_DIR="${TINY_DIR:-$("$PY" -m tepo_lab.tiny build --task "$TASK" --print dir --dry-run)}"
   unset TEPO_VERL_CPU VERL_PLATFORM VERL_ENGINE_DEVICE   # composing the config needs no CPU mode
 else
-  "$PY" -m tepo_verl.cpu.versions >/dev/null || { "$PY" -m tepo_verl.cpu.versions; exit 1; }
+  "$PY" -m tepo_lab.cpu.versions >/dev/null || { "$PY" -m tepo_lab.cpu.versions; exit 1; }
   if [[ -z "${TINY_DIR:-}" ]]; then
-    TINY_DIR="$("$PY" -m tepo_verl.tiny build --task "$TASK" --print dir)"
+    TINY_DIR="$("$PY" -m tepo_lab.tiny build --task "$TASK" --print dir)"
   else
-    "$PY" -m tepo_verl.tiny build --task "$TASK" --out "$TINY_DIR" --print dir >/dev/null
+    "$PY" -m tepo_lab.tiny build --task "$TASK" --out "$TINY_DIR" --print dir >/dev/null
   fi
 fi
 MODEL="$TINY_DIR/model"
-REWARD="$("$PY" -c 'import tepo_verl.tiny.reward as r; print(r.__file__)')"
+REWARD="$("$PY" -c 'import tepo_lab.tiny.reward as r; print(r.__file__)')"
 
 # verl's command; DRY_RUN=args prints its arguments instead, one a line
 VERL=("$PY" -m verl.trainer.main_ppo)

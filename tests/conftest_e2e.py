@@ -51,10 +51,10 @@ LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 def cpu_stack_problem() -> str | None:
     """Why verl's trainer cannot run on this machine's CPU (None when it can)."""
     if importlib.util.find_spec("vllm") is None:
-        return "vllm is not installed (install the CPU stack: bash tepo_verl/cpu/install_cpu.sh)"
+        return "vllm is not installed (install the CPU stack: bash lab/tepo_lab/cpu/install_cpu.sh)"
     if importlib.util.find_spec("verl") is None:
         return "verl is not installed"
-    from tepo_verl.cpu.versions import mismatches
+    from tepo_lab.cpu.versions import mismatches
 
     bad = mismatches()
     if bad:

@@ -20,10 +20,10 @@ from verl.utils.metric import Metric
 from verl.workers.engine.utils import prepare_micro_batches
 from verl.workers.utils.padding import left_right_2_no_padding
 
-from tepo_verl.cpu.patches import patch_attention_padding
+from tepo_lab.cpu.patches import patch_attention_padding
 
 # verl 0.9.0 removes padding with flash-attn's helpers, which have CUDA wheels only: on CPU, as here, the CPU mode's
-# fix hands it pure-torch ones (tepo_verl/cpu/padding.py). verl 0.9.1 falls back by itself; the fix passes its through.
+# fix hands it pure-torch ones (lab/tepo_lab/cpu/padding.py). verl 0.9.1 falls back by itself, and the fix keeps that.
 patch_attention_padding(verl.utils.attention_utils)
 
 #: Prompt lengths of the rows of a test batch (row r gets PROMPT_LENS[r % 8]).

@@ -5,8 +5,8 @@ The stand-in plays three calls and hands every other one to the real interpreter
 - `-m verl.trainer.main_ppo ARGS`: writes ARGS, one a line, to $STANDIN_VERL_ARGS, prints VERL_CHATTER numbered lines
   as verl's console would, and, when $STANDIN_VERL_FAIL is set, ends like a failed verl start-up: a traceback whose
   last line is `ConnectionError: $STANDIN_VERL_FAIL` (on stderr), exit 1;
-- `-m tepo_verl.cpu.versions`: the tested stack is installed (exit 0);
-- `-m tepo_verl.tiny ...`: prints $STANDIN_TINY_DIR, as `tiny build --print dir` prints the build folder.
+- `-m tepo_lab.cpu.versions`: the tested stack is installed (exit 0);
+- `-m tepo_lab.tiny ...`: prints $STANDIN_TINY_DIR, as `tiny build --print dir` prints the build folder.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ STANDIN = textwrap.dedent(
           exit 1
         fi
         exit 0 ;;
-      "-m tepo_verl.cpu.versions") exit 0 ;;
-      "-m tepo_verl.tiny") echo "$STANDIN_TINY_DIR"; exit 0 ;;
+      "-m tepo_lab.cpu.versions") exit 0 ;;
+      "-m tepo_lab.tiny") echo "$STANDIN_TINY_DIR"; exit 0 ;;
     esac
     exec "$STANDIN_REAL_PYTHON" "$@"
     """

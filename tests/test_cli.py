@@ -1,31 +1,48 @@
-"""The `tepo-verl` dispatcher reaches every tool; unknown commands name the valid ones."""
+"""The `tepo-verl` and `tepo-lab` dispatchers reach every tool; unknown commands name the valid ones, and the
+plugin's command names where the lab's commands run."""
 
 import importlib
 
 import pytest
 
+from tepo_lab.cli import COMMANDS as LAB_COMMANDS
+from tepo_lab.cli import main as lab_main
 from tepo_verl.cli import COMMANDS, main
 
 
-@pytest.mark.parametrize("name", COMMANDS)
-def test_every_command_resolves_to_a_main(name):
-    module, function = COMMANDS[name][0].split(":")
+@pytest.mark.parametrize("commands, name", [(COMMANDS, name) for name in COMMANDS]
+                         + [(LAB_COMMANDS, name) for name in LAB_COMMANDS])
+def test_every_command_resolves_to_a_main(commands, name):
+    module, function = commands[name][0].split(":")
     assert callable(getattr(importlib.import_module(module), function))
 
 
-@pytest.mark.parametrize("name", ["demo", "data", "eval", "compare", "tiny", "doctor"])
-def test_help_of_each_command(name, capsys):
+@pytest.mark.parametrize("entry, name", [(main, "data"), (main, "eval"), (main, "compare"), (main, "doctor"),
+                                         (lab_main, "demo"), (lab_main, "tiny"), (lab_main, "cpu-check")])
+def test_help_of_each_command(entry, name, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        main([name, "--help"])
+        entry([name, "--help"])
     assert exit_info.value.code == 0
     assert "usage" in capsys.readouterr().out.lower()
 
 
 def test_unknown_command(capsys):
     assert main(["train"]) == 2
-    valid = "demo, data, eval, compare, tiny, cpu-check, doctor"
-    assert f"unknown command 'train'; valid: {valid}" in capsys.readouterr().err
+    assert "tepo-verl: unknown command 'train'; valid: data, eval, compare, doctor\n" in capsys.readouterr().err
     assert main([]) == 0
+    assert lab_main(["train"]) == 2
+    assert "tepo-lab: unknown command 'train'; valid: demo, tiny, cpu-check\n" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name, where", [("demo", "`make demo`"), ("tiny", "`tepo-lab tiny`"),
+                                         ("cpu-check", "`tepo-lab cpu-check`")])
+def test_the_plugin_says_in_one_line_where_the_labs_commands_run(name, where, capsys):
+    """The plugin carries no lab command; each is `tepo-lab`'s, and `tepo-verl NAME` says where to run it."""
+    assert name in LAB_COMMANDS and name not in COMMANDS
+    assert main([name, "--steps", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{name!r} is a command of the CPU lab" in err and where in err, err
+    assert "in a checkout of tepo-verl" in err
 
 
 # ---- every command fails cleanly: one line on stderr, a non-zero exit, never a traceback -------------------------
@@ -93,13 +110,13 @@ def test_eval_good_input_still_works(tmp_path, capsys):
 
 
 def test_tiny_bad_input(tmp_path, capsys):
-    code = main(["tiny", "build", "--out", str(tmp_path / "t"), "--print", "weights"])
+    code = lab_main(["tiny", "build", "--out", str(tmp_path / "t"), "--print", "weights"])
     _one_line_error(capsys, code, 2, "error: unknown --print field 'weights'; valid: model, train")
 
 
 def test_cpu_check_bad_argument(capsys):
     with pytest.raises(SystemExit) as exit_info:  # argparse: usage line + one error line, exit 2
-        main(["cpu-check", "--fast"])
+        lab_main(["cpu-check", "--fast"])
     assert exit_info.value.code == 2
     assert "unrecognized arguments: --fast" in capsys.readouterr().err
 
@@ -107,23 +124,34 @@ def test_cpu_check_bad_argument(capsys):
 def test_cpu_check_vllm_that_does_not_import(monkeypatch, capsys):
     import sys
 
-    from tepo_verl.cpu import versions
+    from tepo_lab.cpu import versions
 
     monkeypatch.setattr(versions, "installed_versions",
                         lambda names=None: {name: accepted[-1] for name, accepted in versions.REQUIRED.items()})
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
-    _one_line_error(capsys, main(["cpu-check"]), 1, "error: vllm does not import: ModuleNotFoundError",
+    monkeypatch.setattr(versions, "hook_problem", lambda entry_points=None, environ=None: None)
+    _one_line_error(capsys, lab_main(["cpu-check"]), 1, "error: vllm does not import: ModuleNotFoundError",
                     "install_cpu.sh")
 
 
 def test_cpu_check_mismatched_stack(monkeypatch, capsys):
-    from tepo_verl.cpu import versions
+    from tepo_lab.cpu import versions
 
     monkeypatch.setattr(versions, "installed_versions",
                         lambda names=None: {**{name: accepted[-1] for name, accepted in versions.REQUIRED.items()},
                                             "verl": "0.8.0"})
-    assert main(["cpu-check"]) == 1
+    assert lab_main(["cpu-check"]) == 1
     assert "verl: installed 0.8.0, required 0.9.0 or 0.9.1" in capsys.readouterr().err
+
+
+def test_cpu_check_without_the_labs_entry_point(monkeypatch, capsys):
+    from tepo_lab.cpu import versions
+
+    monkeypatch.setattr(versions, "installed_versions",
+                        lambda names=None: {name: accepted[-1] for name, accepted in versions.REQUIRED.items()})
+    monkeypatch.setenv("VERL_USE_EXTERNAL_PLUGINS", "tepo")
+    _one_line_error(capsys, lab_main(["cpu-check"]), 1, "error: VERL_USE_EXTERNAL_PLUGINS='tepo' keeps verl from "
+                    "loading the CPU mode's entry point 'tepo_cpu'")
 
 
 def test_unexpected_errors_become_one_line(monkeypatch, capsys):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tepo_verl.cpu import memory
+from tepo_lab.cpu import memory
 
 
 def test_peak_rss_resets_and_sees_a_later_allocation():
@@ -26,7 +26,7 @@ def test_the_wrapped_train_mini_batch_keeps_verl_dispatch_attributes():
     code = (
         "import verl.workers.engine_workers as w\n"
         "from verl.single_controller.base.decorator import MAGIC_ATTR\n"
-        "from tepo_verl.cpu.memory import patch_update_peak_memory\n"
+        "from tepo_lab.cpu.memory import patch_update_peak_memory\n"
         "stock = w.TrainingWorker.train_mini_batch\n"
         "patch_update_peak_memory(w)\n"
         "patch_update_peak_memory(w)\n"  # idempotent: wraps the stock function once

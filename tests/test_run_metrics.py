@@ -1,4 +1,5 @@
-"""The metrics tepo-verl adds to verl's v1 trainer for every preset (tepo_verl/verl_adapter/run_metrics.py).
+"""The metrics tepo-verl adds to verl's v1 trainer for every preset, in a run that asks for them
+(TEPO_VERL_COMPARE_METRICS=1; tepo_verl/verl_adapter/run_metrics.py).
 
 The trainer methods that run here are verl's own (`PPOTrainer._compute_old_log_prob`, `step`, `prepare_step`,
 `_add_prompts_to_generate`, `_submit_batch_to_rollout`) on the real composed config of each preset, with verl's
@@ -10,6 +11,7 @@ tokens), the agent-loop manager (records the prompts it is asked to generate) an
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import types
@@ -24,6 +26,7 @@ from verl.trainer.ppo.v1 import trainer_base
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl_config import compose_config
 
+from tepo_verl.import_hooks import restore, stock
 from tepo_verl.verl_adapter import run_metrics
 
 PRESETS = ["tepo", "tepo_nomask", "gspo", "grpo", "dapo", "gmpo", "kl_cov", "dr_grpo", "cispo", "sapo", "clip_cov"]
@@ -77,29 +80,56 @@ def trainer_for(preset, overrides=()):
     return trainer
 
 
-def test_import_verl_patches_the_v1_trainer_only_when_it_is_imported():
-    code = (
-        "import sys, verl\n"
-        "assert 'verl.trainer.ppo.v1.trainer_base' not in sys.modules\n"
-        "from verl.trainer.ppo.v1 import trainer_base as tb\n"
-        "from importlib.machinery import SourceFileLoader\n"
-        "from verl.trainer.ppo.core_algos import agg_loss\n"
-        "assert tb.agg_loss.__tepo_stock__ is agg_loss and tb.agg_loss is not agg_loss\n"
-        "for name in ('_compute_old_log_prob', 'step', '_submit_batch_to_rollout'):\n"
-        "    assert getattr(tb.PPOTrainer, name).__tepo_stock__.__module__ == tb.__name__, name\n"
-        "assert isinstance(tb.__loader__, SourceFileLoader) and tb.__spec__.loader is tb.__loader__\n"
-        "print('ok')\n"
-    )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
+HOOKED = [(trainer_base, "agg_loss"), (trainer_base.PPOTrainer, "_compute_old_log_prob"),
+          (trainer_base.PPOTrainer, "_submit_batch_to_rollout"), (trainer_base.PPOTrainer, "step")]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def hooks_installed():
+    """This process's run asks for the metrics: the hooks are on verl's v1 trainer for these tests, and off after."""
+    run_metrics.patch_trainer_module(trainer_base)
+    yield
+    for owner, name in HOOKED:
+        restore(owner, name)
+
+
+_PROBE = (
+    "import sys, verl\n"
+    "assert 'verl.trainer.ppo.v1.trainer_base' not in sys.modules\n"
+    "finders = [type(f).__name__ for f in sys.meta_path]\n"
+    "from verl.trainer.ppo.v1 import trainer_base as tb\n"
+    "from importlib.machinery import SourceFileLoader\n"
+    "from verl.trainer.ppo.core_algos import agg_loss\n"
+    "from tepo_verl.import_hooks import stock\n"
+    "hooked = [tb.agg_loss is not agg_loss] + [stock(getattr(tb.PPOTrainer, name)) is not getattr(tb.PPOTrainer, name)"
+    " for name in ('_compute_old_log_prob', 'step', '_submit_batch_to_rollout')]\n"
+    "assert stock(tb.agg_loss) is agg_loss\n"
+    "assert isinstance(tb.__loader__, SourceFileLoader) and tb.__spec__.loader is tb.__loader__\n"
+    "print(hooked, '_PostImportFinder' in finders, '_PostImportFinder' in [type(f).__name__ for f in sys.meta_path])\n"
+)
+
+
+@pytest.mark.parametrize("flag,hooked", [("1", True), ("0", False), (None, False)])
+def test_import_verl_hooks_the_v1_trainer_only_when_the_run_asks_and_when_it_is_imported(flag, hooked):
+    env = {k: v for k, v in os.environ.items() if k != run_metrics.ENV_FLAG}
+    env |= {run_metrics.ENV_FLAG: flag} if flag else {}
+    result = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    # hooked; the post-import finder waited for the trainer module, and left once it had run
+    assert result.stdout.split("\n")[-2] == f"{[hooked] * 4} {hooked} False"
+
+
+def test_a_bad_flag_value_is_one_line_naming_it_and_the_valid_ones():
+    with pytest.raises(run_metrics.InvalidFlag, match=r"TEPO_VERL_COMPARE_METRICS='yes' is not valid; valid values: 1"):
+        run_metrics.requested({run_metrics.ENV_FLAG: "yes"})
+    assert run_metrics.requested({run_metrics.ENV_FLAG: "1"}) and not run_metrics.requested({})
 
 
 def test_hooks_are_installed_once():
-    stock = trainer_base.PPOTrainer.step.__tepo_stock__
-    run_metrics.install()
+    before = [stock(getattr(owner, name)) for owner, name in HOOKED]
     run_metrics.patch_trainer_module(trainer_base)
-    assert trainer_base.PPOTrainer.step.__tepo_stock__ is stock
-    assert trainer_base.agg_loss.__tepo_stock__ is core_agg_loss
+    assert [stock(getattr(owner, name)) for owner, name in HOOKED] == before
+    assert stock(trainer_base.agg_loss) is core_agg_loss
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "token-sum"])

@@ -44,7 +44,7 @@ def test_missing_shared_folder_fails_under_ci(monkeypatch, tmp_path):
 
 def test_mismatched_cpu_stack_fails_the_e2e_tests_under_ci(monkeypatch):
     conftest_data.require_module("vllm", "the check of the stack's versions runs only where vllm is installed")
-    from tepo_verl.cpu import versions
+    from tepo_lab.cpu import versions
 
     monkeypatch.setattr(versions, "mismatches",
                         lambda installed=None: ["verl: installed 0.8.0, required 0.9.0 or 0.9.1"])
@@ -98,7 +98,7 @@ def _make_dry(target: str, venv: Path) -> list[str]:
     return proc.stdout.splitlines()
 
 
-@pytest.mark.parametrize("target, runs", [("demo", "-m tepo_verl.demo"), ("test", "-m pytest --durations=25"),
+@pytest.mark.parametrize("target, runs", [("demo", "-m tepo_lab.demo"), ("test", "-m pytest --durations=25"),
                                           ("check", '-m pytest -m "not e2e" -n 2 --dist loadfile')])
 def test_make_targets_set_up_a_fresh_venv_then_run(target, runs, tmp_path):
     venv = tmp_path / "venv"
@@ -107,9 +107,9 @@ def test_make_targets_set_up_a_fresh_venv_then_run(target, runs, tmp_path):
     assert f"python3 -m venv {venv}" in text  # created when missing
     order = [next(i for i, line in enumerate(lines) if needle in line) for needle in
              ("pip install --disable-pip-version-check --progress-bar off torch==2.13.0",
-              "pip install --disable-pip-version-check --progress-bar off -e '.[test]'",
-              "bash tepo_verl/cpu/install_cpu.sh", "touch", runs)]
-    assert order == sorted(order), lines  # torch, the package, the CPU stack, the stamp, then the job
+              "pip install --disable-pip-version-check --progress-bar off -e '.[test]' -e ./lab",
+              "bash lab/tepo_lab/cpu/install_cpu.sh", "touch", runs)]
+    assert order == sorted(order), lines  # torch, the plugin and its lab, the CPU stack, the stamp, then the job
     # the job runs as in an activated venv: recipes and tests that start `python` by name get this one
     assert lines[-1].startswith(f'PATH="{venv}/bin:$PATH" VIRTUAL_ENV="{venv}" {venv}/bin/python {runs}'), lines[-1]
 
@@ -125,9 +125,10 @@ def test_make_test_090_sets_up_its_own_pinned_venv_then_runs_the_marked_tests(tm
     pinned = f"{venv}/bin/python -m pip install --disable-pip-version-check --progress-bar off " \
              "-c tools/verl-0.9.0-constraints.txt"
     order = [next(i for i, line in enumerate(lines) if needle in line) for needle in
-             (f"python3 -m venv {venv}", f"{pinned} torch==2.13.0", f"{pinned} torch==2.13.0 verl==0.9.0 -e '.[test]'",
-              f"touch {venv}/.tepo-verl-installed", "-m pytest -m verl_090")]
-    assert order == sorted(order), lines  # the venv, torch, verl 0.9.0 with the package, the stamp, then the tests
+             (f"python3 -m venv {venv}", f"{pinned} torch==2.13.0",
+              f"{pinned} torch==2.13.0 verl==0.9.0 -e '.[test]' -e ./lab", f"touch {venv}/.tepo-verl-installed",
+              "-m pytest -m verl_090")]
+    assert order == sorted(order), lines  # venv, torch, verl 0.9.0 with the plugin and its lab, stamp, tests
     assert lines[-1].startswith(f'PATH="{venv}/bin:$PATH" VIRTUAL_ENV="{venv}" {venv}/bin/python -m pytest -m '
                                 "verl_090"), lines[-1]
 
@@ -204,6 +205,8 @@ def test_cpu_recipe_dry_run_prints_the_config_and_starts_nothing(tmp_path):
     assert config.actor_rollout_ref.actor.ppo_mini_batch_size == 2
     assert config.actor_rollout_ref.actor.optim.lr == 3e-5
     assert config.data.train_files.startswith(str(tmp_path / "cache"))
+    # the run asks for compare's columns in every Ray process (docs/compare.md), even on a cluster started beforehand
+    assert config.ray_kwargs.ray_init.runtime_env.env_vars.TEPO_VERL_COMPARE_METRICS == "1"
     # nothing started: no run folder, no tiny build, no trainer
     assert not run_dir.exists() and not (tmp_path / "runs").exists()
     assert not (tmp_path / "cache").exists()

@@ -1,4 +1,4 @@
-"""tepo_verl.tiny: a seeded, offline, cached builder of a tiny Qwen2 policy + the addition task."""
+"""tepo_lab.tiny: a seeded, offline, cached builder of a tiny Qwen2 policy + the addition task."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch  # noqa: F401  (required: the builder trains with it; no skip, a missing one is a failure)
 
-from tepo_verl.tiny import reward, task
-from tepo_verl.tiny.build import TinySpec, build
+from tepo_lab.tiny import reward, task
+from tepo_lab.tiny.build import TinySpec, build
 
 #: Small enough to build in a few seconds.
 SMALL = dataclasses.replace(TinySpec(), train_size=64, val_size=16, warmup_steps=12, warmup_batch=16)
@@ -99,7 +99,7 @@ def test_manifest(small_build):
 
 
 def test_cli(tmp_path, capsys):
-    from tepo_verl.tiny.__main__ import main
+    from tepo_lab.tiny.__main__ import main
 
     argv = ["build", "--out", str(tmp_path / "c"), "--warmup-steps", "2", "--train-size", "8", "--val-size", "4"]
     assert main(argv + ["--print", "model"]) == 0
@@ -122,7 +122,7 @@ def test_default_model_size_and_answer_length():
     tokens of the byte-level tokenizer) on every problem of the builder's operand ranges."""
     from transformers import Qwen2ForCausalLM
 
-    from tepo_verl.tiny.build import _model_config
+    from tepo_lab.tiny.build import _model_config
 
     spec = TinySpec()
     model = Qwen2ForCausalLM(_model_config(spec))
@@ -140,7 +140,7 @@ def test_default_model_size_and_answer_length():
     ],
 )
 def test_cli_bad_input_is_one_line_before_any_build(argv, message, tmp_path, capsys):
-    from tepo_verl.tiny.__main__ import main
+    from tepo_lab.tiny.__main__ import main
 
     out = tmp_path / "never-built"
     assert main(["build", "--out", str(out), *argv]) == 2
@@ -150,7 +150,7 @@ def test_cli_bad_input_is_one_line_before_any_build(argv, message, tmp_path, cap
 
 
 def test_cli_out_is_a_file(tmp_path, capsys):
-    from tepo_verl.tiny.__main__ import main
+    from tepo_lab.tiny.__main__ import main
 
     (tmp_path / "f").write_text("x")
     assert main(["build", "--out", str(tmp_path / "f")]) == 2

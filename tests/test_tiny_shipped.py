@@ -1,4 +1,4 @@
-"""The tiny policies shipped in the package (tepo_verl/tiny/policies) and the scratchpad task.
+"""The tiny policies shipped in the package (lab/tepo_lab/tiny/policies) and the scratchpad task.
 
 Every machine starts from the same policy: the shipped files match their manifest, the builders use them for the
 default spec, and decoding the validation problems greedily from the shipped weights reproduces the accuracy the
@@ -23,10 +23,10 @@ import pytest
 import recipe_standin
 import torch
 
-from tepo_verl.tiny import regenerate, reward, scratchpad, shipped
-from tepo_verl.tiny import task as addition
-from tepo_verl.tiny.build import TinySpec
-from tepo_verl.tiny.build import build as build_addition
+from tepo_lab.tiny import regenerate, reward, scratchpad, shipped
+from tepo_lab.tiny import task as addition
+from tepo_lab.tiny.build import TinySpec
+from tepo_lab.tiny.build import build as build_addition
 
 REPO = Path(__file__).resolve().parents[1]
 #: Far above float32 rounding of the logits (about 1e-6 of values of order 10), far below the recorded gaps.
@@ -73,17 +73,18 @@ def test_shipped_files_match_the_manifest(task):
 
 
 def test_setup_ships_the_policies_as_package_data(monkeypatch):
-    """setup.py's package_data globs cover every shipped file (else a pip install would start elsewhere)."""
+    """The lab's setup.py package_data globs cover every shipped file (else a pip install would start elsewhere)."""
     import fnmatch
 
     import setuptools
 
     captured = {}
     monkeypatch.setattr(setuptools, "setup", lambda **kwargs: captured.update(kwargs))
-    monkeypatch.chdir(REPO)
-    exec(compile((REPO / "setup.py").read_text(), "setup.py", "exec"), {"__name__": "setup"})
-    patterns = captured["package_data"]["tepo_verl"]
-    package = REPO / "tepo_verl"
+    monkeypatch.chdir(REPO / "lab")
+    setup_py = REPO / "lab" / "setup.py"
+    exec(compile(setup_py.read_text(), str(setup_py), "exec"), {"__name__": "setup", "__file__": str(setup_py)})
+    patterns = captured["package_data"]["tepo_lab"]
+    package = REPO / "lab" / "tepo_lab"
     for task in shipped.tasks():
         for path in shipped.folder(task).iterdir():
             relative = str(path.relative_to(package))
@@ -93,7 +94,7 @@ def test_setup_ships_the_policies_as_package_data(monkeypatch):
 # ------------------------------------------------------------------------------ reproduce the recorded accuracy
 
 def test_addition_policy_reproduces_its_greedy_accuracy(one_thread):
-    from tepo_verl.tiny.build import sample_accuracy
+    from tepo_lab.tiny.build import sample_accuracy
 
     manifest = shipped.manifest("addition")
     model, tok = _load("addition")
@@ -215,7 +216,7 @@ def test_default_scratchpad_build(tmp_path):
 
 
 def test_cli_builds_the_scratchpad_task(tmp_path, capsys):
-    from tepo_verl.tiny.__main__ import main
+    from tepo_lab.tiny.__main__ import main
 
     out = tmp_path / "cli"
     assert main(["build", "--task", "scratchpad", "--out", str(out), "--dry-run"]) == 0

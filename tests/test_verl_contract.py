@@ -22,6 +22,7 @@ from tepo_verl.verl_adapter import contract
 from tepo_verl.verl_adapter.contract import (
     CONTRACT_VARIABLE,
     ENGINE_WORKERS,
+    LEGACY_TRAINER,
     LOSSES,
     MAIN_PPO,
     METRIC,
@@ -32,6 +33,7 @@ from tepo_verl.verl_adapter.contract import (
     check_contract,
 )
 from tepo_verl.verl_adapter.contract_probe import PROBE_LOSS_MODE
+from tepo_verl.verl_adapter.run_metrics import ENV_FLAG as COMPARE_METRICS
 
 pytestmark = pytest.mark.verl_090  # also run on verl 0.9.0 (make test-090, docs/testing.md)
 
@@ -78,6 +80,8 @@ PLANTS = {
     "v1 trainer removed": (("step metric reduction", "old entropy", "trainer hooks"), TRAINER_BASE, None, None),
     "hook signature": ("trainer hooks", TRAINER_BASE, "def step(self, metrics: dict, timing_raw: dict)",
                        "def step(self, metrics: dict, timing_raw: dict, batch=None)"),
+    "legacy entropy renamed": ("legacy old entropy", LEGACY_TRAINER, '"entropys": entropy.float()',
+                               '"entropies": entropy.float()'),
     "validation moved": ("driver validation", MAIN_PPO, "from verl.utils.config import validate_config\n",
                          "from verl.utils import config as config_utils\n"),
 }
@@ -235,10 +239,19 @@ def test_the_contract_matches_the_adapters_own_signatures():
 
     assert tuple(inspect.signature(tepo_aware_ppo_loss).parameters) == contract.PPO_LOSS_PARAMETERS
     assert set(inspect.signature(compute_policy_loss_tepo).parameters) == set(contract.POLICY_LOSS_KEYWORDS)
-    from tepo_verl.verl_adapter import run_metrics  # noqa: F401  (its hooks' names are the contract's)
+    from verl.trainer.ppo.v1 import trainer_base
 
-    source = inspect.getsource(run_metrics.patch_trainer_module)
-    assert all(f"trainer.{hook} = {hook}" in source for hook in contract.TRAINER_HOOKS)
+    from tepo_verl.import_hooks import is_replaced, restore
+    from tepo_verl.verl_adapter import run_metrics
+
+    run_metrics.patch_trainer_module(trainer_base)  # the hooks the contract checks are the ones run_metrics installs
+    try:
+        assert [hook for hook in contract.TRAINER_HOOKS if is_replaced(trainer_base.PPOTrainer.__dict__[hook])] == list(
+            contract.TRAINER_HOOKS)
+    finally:
+        for hook in contract.TRAINER_HOOKS:
+            restore(trainer_base.PPOTrainer, hook)
+        restore(trainer_base, "agg_loss")
 
 
 # ------------------------------------------------------------------ TEPO_VERL_CONTRACT
@@ -317,12 +330,13 @@ print(f"TEPO RAN finite={bool(torch.isfinite(loss))} metrics={'tepo/mask_frac' i
 
 @pytest.mark.parametrize("mode", [None, "warn"])
 def test_a_patched_verl_refuses_tepo_unless_the_variable_says_run_anyway(mode, tmp_path):
-    """A fork that adds an optional parameter to PPOTrainer.step (the trainer-hooks assumption): refused in the driver
-    by default; with TEPO_VERL_CONTRACT=warn the plugin prints the assumption and the variable and TEPO runs."""
+    """A fork that adds an optional parameter to PPOTrainer.step (the trainer-hooks assumption), in a run that asks
+    for the comparison metrics, which hook it: refused in the driver by default; with TEPO_VERL_CONTRACT=warn the
+    plugin prints the assumption and the variable and TEPO runs."""
     names, module, old, new = PLANTS["hook signature"]
     root = copy_of_verl(tmp_path / "verl_copy", {module: [(old, new)]})
-    result = run_with_verl(root, ["-c", _TEPO_IN_A_VERL_PROCESS], env={CONTRACT_VARIABLE: mode} if mode else {},
-                           cwd=tmp_path)
+    env = {COMPARE_METRICS: "1", **({CONTRACT_VARIABLE: mode} if mode else {})}
+    result = run_with_verl(root, ["-c", _TEPO_IN_A_VERL_PROCESS], env=env, cwd=tmp_path)
     contract_lines = [line for line in result.stderr.splitlines() if "verl contract is broken" in line]
     if mode is None:
         assert result.returncode == 3, result.stderr[-3000:]
@@ -335,6 +349,17 @@ def test_a_patched_verl_refuses_tepo_unless_the_variable_says_run_anyway(mode, t
         assert contract_lines[0].startswith(f"[tepo-verl] WARNING: tepo-verl's verl contract is broken ({names}): ")
         assert f"{CONTRACT_VARIABLE}=warn" in contract_lines[0]
         assert result.stdout.strip().splitlines()[-1] == "TEPO RAN finite=True metrics=True"
+
+
+def test_the_trainer_hooks_are_checked_only_in_a_run_that_asks_for_the_comparison_metrics(tmp_path):
+    """The same fork in a run without TEPO_VERL_COMPARE_METRICS=1: nothing hooks PPOTrainer.step, so nothing is
+    broken, and TEPO runs without a warning."""
+    _, module, old, new = PLANTS["hook signature"]
+    root = copy_of_verl(tmp_path / "verl_copy", {module: [(old, new)]})
+    result = run_with_verl(root, ["-c", _TEPO_IN_A_VERL_PROCESS], env={COMPARE_METRICS: "0"}, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "verl contract is broken" not in result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "TEPO RAN finite=True metrics=True"
 
 
 @pytest.mark.parametrize("algorithm", ["tepo", "tepo_nomask"])

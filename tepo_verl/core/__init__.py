@@ -1,6 +1,6 @@
 """Pure-torch TEPO math (docs/algorithm.md). Imports nothing from verl."""
 
-from tepo_verl.core.advantage import group_relative_advantage
+from tepo_verl.core.advantage import without_signal
 from tepo_verl.core.kl import KL_ESTIMATORS, kl_estimate
 from tepo_verl.core.loss import TepoLossOutput, tepo_policy_loss, token_mean
 from tepo_verl.core.mask import MASK_INPUTS, MASK_RULES, entropy_falling, required_inputs
@@ -14,7 +14,6 @@ __all__ = [
     "TepoLossOutput",
     "TepoOptions",
     "entropy_falling",
-    "group_relative_advantage",
     "kl_estimate",
     "prefix_log_ratio",
     "required_inputs",
@@ -23,4 +22,5 @@ __all__ = [
     "tepo_policy_loss",
     "token_log_ratio",
     "token_mean",
+    "without_signal",
 ]

@@ -17,11 +17,12 @@ import torch
 
 @dataclasses.dataclass(frozen=True)
 class MaskInput:
-    """An optional tensor a mask rule reads, and the verl setting that makes the trainer provide it."""
+    """An optional tensor a mask rule reads, and the verl setting that makes the trainer provide it (None: every
+    supported trainer provides it)."""
 
     meaning: str
-    config_key: str  # dotted verl config key
-    config_value: bool  # the value of `config_key` that provides the tensor
+    config_key: str | None  # dotted verl config key
+    config_value: bool | None  # the value of `config_key` that provides the tensor
 
 
 #: The optional tensors, by the name the loss takes them under.
@@ -30,8 +31,8 @@ MASK_INPUTS: dict[str, MaskInput] = {
         "the current-policy entropy H, computed in the update pass over the full vocabulary",
         "actor_rollout_ref.actor.calculate_entropy", True),
     "old_entropy": MaskInput(
-        "the old-policy entropy H_old, stored by the v1 trainer's old-log-prob pass at no extra cost",
-        "trainer.use_v1", True),
+        "the old-policy entropy H_old, stored from the trainer's old-log-prob pass at no extra cost",
+        None, None),
 }
 
 

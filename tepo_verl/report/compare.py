@@ -23,11 +23,15 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
-from scipy import stats
+from tepo_verl.extras import require
 
-from tepo_verl.report.runs import (
+require("report", __name__)  # one line naming the extra, before pandas/scipy fail to import
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from scipy import stats  # noqa: E402
+
+from tepo_verl.report.runs import (  # noqa: E402
     CHECKPOINT_TIME,
     CLIP_FRAC,
     ENTROPY,
@@ -393,8 +397,8 @@ def render(summary: pd.DataFrame, per_run: pd.DataFrame, paired: pd.DataFrame, t
                      "filter.")
     missing = sorted(per_run.loc[per_run["entropy_start"].isna(), "run"])
     if missing:
-        lines.append(f"no {ENTROPY} in {len(missing)} run(s) (logged by tepo-verl's hook in verl's v1 trainer): "
-                     + ", ".join(missing))
+        lines.append(f"no {ENTROPY} in {len(missing)} run(s) (logged by tepo-verl's hook in verl's v1 trainer, for a "
+                     "run with TEPO_VERL_COMPARE_METRICS=1, docs/compare.md): " + ", ".join(missing))
     return "\n".join(lines) + "\n"
 
 

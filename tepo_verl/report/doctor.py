@@ -553,8 +553,8 @@ def check_mask_rule(ev: Evidence) -> Finding:
     if fell_back:
         return Finding("FAIL", name, f"the configured rule{f' {configured}' if configured else ''} fell back "
                        f"(ran: {', '.join(rules)}) on {fell_back} of {len(fallback)} steps: its input, usually the "
-                       "old entropy, was missing", "use verl's v1 trainer (trainer.use_v1=True stores the old "
-                       "entropy), or set mask_rule to one whose inputs exist")
+                       "old entropy, was missing", "run through verl's main_ppo, whose trainers both hand the loss the "
+                       "old entropy (docs/plugin.md), or set mask_rule to one whose inputs exist")
     if configured and rules != [configured]:
         return Finding("warn", name, f"configured {configured}, ran {', '.join(rules)}",
                        f"check {MASK_RULE}")

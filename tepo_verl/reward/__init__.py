@@ -6,6 +6,17 @@ Use it in verl with
     reward.custom_reward_function.name=compute_score
 """
 
-from tepo_verl.reward.math_reward import ISOLATIONS, compute_score, grade_response, normalize_ground_truths
+from tepo_verl.extras import require
+
+# one line naming the extra where math-verify or pebble is missing (verl loads math_reward.py by path: its first
+# import of tepo_verl.reward runs this too)
+require("reward", __name__)
+
+from tepo_verl.reward.math_reward import (  # noqa: E402
+    ISOLATIONS,
+    compute_score,
+    grade_response,
+    normalize_ground_truths,
+)
 
 __all__ = ["ISOLATIONS", "compute_score", "grade_response", "normalize_ground_truths"]

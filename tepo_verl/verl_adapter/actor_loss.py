@@ -1,12 +1,12 @@
 """The adapter around verl's actor loss `verl.workers.utils.losses.ppo_loss`.
 
-verl's policy-loss registry passes a loss only (old_log_prob, log_prob, advantages, response_mask, ...); TEPO's
-mask also needs the current-policy entropy (`model_output["entropy"]`, computed when
-`actor.calculate_entropy=True`), the old-policy entropy (`data["entropy"]`, stored by verl's v1 trainer in its
-old-log-prob pass) and, for `kl_target=ref`, the reference log-probs (`data["ref_log_prob"]`).
-`tepo_aware_ppo_loss` pads those exactly as `ppo_loss` pads its own fields, hands them to the registered `tepo`
-loss through a context variable, and calls the stock `ppo_loss` unchanged (so its entropy bonus, KL loss and
-metric handling stay verl's). For every other loss mode it calls the stock `ppo_loss` directly: a no-op.
+verl's policy-loss registry passes a loss only (old_log_prob, log_prob, advantages, response_mask, ...); TEPO's mask
+also needs the current-policy entropy (`model_output["entropy"]`, computed when `actor.calculate_entropy=True`), the
+old-policy entropy (`data["entropy"]`, stored from the old-log-prob pass by verl's v1 trainer, and on the legacy
+trainer by legacy_trainer.py) and, for `kl_target=ref`, the reference log-probs (`data["ref_log_prob"]`).
+`tepo_aware_ppo_loss` pads those exactly as `ppo_loss` pads its own fields, hands them to the registered `tepo` loss
+through a context variable, and calls the stock `ppo_loss` unchanged (so its entropy bonus, KL loss and metric
+handling stay verl's). For every other loss mode it calls the stock `ppo_loss` directly: a no-op.
 
 TEPO reads the current entropy as a value only. With `entropy_coeff=0` verl's `ppo_loss` would still subtract
 0 * entropy from the loss and backpropagate zeros through the full-vocabulary entropy, so for `tepo` the adapter
@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from tepo_verl.import_hooks import STOCK, replace
+from tepo_verl.verl_adapter import ratio_metric
 from tepo_verl.verl_adapter.config import TEPO_LOSS_MODE, clip_ratios, loss_mode
 from tepo_verl.verl_adapter.precision import precision_warning
 
@@ -45,15 +47,9 @@ class TepoExtras:
 
 _EXTRAS: contextvars.ContextVar[TepoExtras | None] = contextvars.ContextVar("tepo_extras", default=None)
 
-#: verl's original ppo_loss, captured once when the adapter is installed.
-_stock_ppo_loss = None
-
-#: Modules that bind `ppo_loss` by name (`from verl.workers.utils.losses import ppo_loss`).
-_BINDING_MODULES = (
-    "verl.workers.utils.losses",
-    "verl.workers.engine_workers",
-    "verl.trainer.distillation.losses",
-)
+#: Modules besides verl.workers.utils.losses that bind `ppo_loss` by name (`from ... import ppo_loss`); one imported
+#: after install() binds the adapter already.
+_BINDING_MODULES = ("verl.workers.engine_workers", "verl.trainer.distillation.losses")
 
 
 def current_extras() -> TepoExtras | None:
@@ -112,13 +108,15 @@ def detach_entropy_in_place(config, model_output) -> None:
 def tepo_aware_ppo_loss(config, model_output, data, dp_group=None):
     """Drop-in for verl's ppo_loss: identical for every loss mode except `tepo` (see the module docstring)."""
     warn_once_on_coarse_log_probs(config, model_output)
+    stock_ppo_loss = tepo_aware_ppo_loss.__tepo_stock__
     if loss_mode(config) != TEPO_LOSS_MODE:
-        return _stock_ppo_loss(config, model_output, data, dp_group)
+        return stock_ppo_loss(config, model_output, data, dp_group)
+    ratio_metric.install()  # the first tepo loss of a process teaches verl's Metric to merge the tepo/ ratios
     detach_entropy_in_place(config, model_output)
     extras = extract_extras(model_output, data)
     token = _EXTRAS.set(extras)
     try:
-        loss, metrics = _stock_ppo_loss(config, model_output, data, dp_group)
+        loss, metrics = stock_ppo_loss(config, model_output, data, dp_group)
     finally:
         _EXTRAS.reset(token)
     metrics.update(extras.metrics)
@@ -127,22 +125,12 @@ def tepo_aware_ppo_loss(config, model_output, data, dp_group=None):
 
 def install() -> None:
     """Bind `tepo_aware_ppo_loss` wherever verl binds `ppo_loss` (idempotent)."""
-    global _stock_ppo_loss
     from verl.workers.utils import losses
 
-    from tepo_verl.verl_adapter import ratio_metric
-
-    ratio_metric.install()
-    if _stock_ppo_loss is None:
-        current = losses.ppo_loss
-        _stock_ppo_loss = getattr(current, "__wrapped_stock__", current)
-    tepo_aware_ppo_loss.__wrapped_stock__ = _stock_ppo_loss
-    for name in _BINDING_MODULES:
-        module = sys.modules.get(name)
-        if module is not None and getattr(module, "ppo_loss", None) is _stock_ppo_loss:
-            module.ppo_loss = tepo_aware_ppo_loss
+    binding = [sys.modules[name] for name in _BINDING_MODULES if name in sys.modules]
+    replace(losses, "ppo_loss", lambda stock: tepo_aware_ppo_loss, also_in=binding)
 
 
 def stock_ppo_loss():
-    """verl's original ppo_loss (for tests and the no-op path)."""
-    return _stock_ppo_loss
+    """verl's original ppo_loss (for tests and the no-op path); None before install()."""
+    return getattr(tepo_aware_ppo_loss, STOCK, None)

@@ -14,7 +14,7 @@ TEPO_POLICY_LOSS_TARGET = "tepo_verl.verl_adapter.config.TepoPolicyLossConfig"
 
 
 #: verl's defaults for the keys of MASK_INPUTS, for configs that leave them out.
-_DEFAULTS = {"actor_rollout_ref.actor.calculate_entropy": False, "trainer.use_v1": True}
+_DEFAULTS = {"actor_rollout_ref.actor.calculate_entropy": False}
 
 
 class TepoConfigError(ValueError):
@@ -65,8 +65,8 @@ def tepo_config_problems(config: Any) -> list[str]:
             "actor_rollout_ref.actor.use_kl_loss=True (with kl_loss_coef=0 to add no other KL term) or "
             "algorithm.use_kl_in_reward=True, or use kl_target=old."
         )
-    available = {name for name, needed in MASK_INPUTS.items()
-                 if bool(_get(config, needed.config_key, _DEFAULTS[needed.config_key])) == needed.config_value}
+    available = {name for name, needed in MASK_INPUTS.items() if needed.config_key is None
+                 or bool(_get(config, needed.config_key, _DEFAULTS[needed.config_key])) == needed.config_value}
     if actor.get("entropy_coeff", 0.0) != 0.0:  # verl computes the current entropy for an entropy bonus too
         available.add("entropy")
     fallback_ok = options.mask_fallback != "none" and set(required_inputs(options.mask_fallback)) <= available

@@ -7,7 +7,8 @@ that is not in the defaults list is `+algorithm=tepo`, which works once our sear
 (hydra_plugins/tepo_verl_searchpath) adds the `algorithm/` presets. When the plugin loads in the driver of a
 verl command (during `import verl`, before Hydra parses the command line), `normalize_algorithm_override`
 rewrites the exact token `algorithm=NAME` into `+algorithm=NAME`. An unknown NAME then gets Hydra's own error
-listing the available presets. Set TEPO_VERL_REWRITE_ARGV=0 to turn the rewrite off.
+listing the available presets. Set TEPO_VERL_REWRITE_ARGV=0 to turn the rewrite off. No other token, and no other
+process's command line, is changed (docs/plugin.md, "What the plugin changes in verl at run time").
 """
 
 from __future__ import annotations

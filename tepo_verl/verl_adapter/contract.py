@@ -1,12 +1,16 @@
-"""Every assumption the adapter makes about verl, in one place, checked when the plugin loads.
+"""Every assumption the adapter makes about verl, in one place, checked when the adapter starts relying on it.
 
-The adapter (actor_loss.py, registry.py, ratio_metric.py, run_metrics.py, plugin.py) relies on verl internals that
-are not a public API. Each `Assumption` below states one of them and checks it against the installed verl. Where a
-call can show it, the check calls verl: its `ppo_loss` runs once on a two-response CPU micro-batch with a recording
-policy loss, and a RatioMetric is carried through its `append_to_dict` and `reduce_metrics` (contract_probe.py; a few
-milliseconds). What only verl's trainer and driver do cannot be called at load (their module imports Ray and
-TransferQueue: seconds, in every process), so it is read from their source, parsed, by what the code does (which
-keys a call writes, whatever the variable holding them; which names a module imports and uses), not by its text.
+The adapter (actor_loss.py, registry.py, ratio_metric.py, run_metrics.py, legacy_trainer.py, plugin.py) relies on
+verl internals that are not a public API. Each `Assumption` below states one of them and checks it against the
+installed verl. Where a call can show it, the check calls verl: its `ppo_loss` runs once on a two-response CPU
+micro-batch with a recording policy loss, and a RatioMetric is carried through its `append_to_dict` and
+`reduce_metrics` (contract_probe.py; a few milliseconds). What only verl's trainer and driver do cannot be called at
+load (their module imports Ray and TransferQueue: seconds, in every process), so it is read from their source,
+parsed, by what the code does (which keys a call writes, whatever the variable holding them; which names a module
+imports and uses), not by its text.
+An assumption's `scope` says when it is checked: most when the plugin loads; the comparison metrics' hooks only in a
+run that asks for them; the legacy trainer's only for a config that runs `tepo` on it, in verl's validate_config (so
+a v1 run is never refused for a change in the legacy trainer).
 
 When verl no longer matches, `check_contract` raises `VerlContractError` with one line per broken assumption, naming
 it and the installed verl version; the plugin then refuses `tepo` in the driver, before any worker starts, instead
@@ -29,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tepo_verl.import_hooks import stock
 from tepo_verl.verl_adapter.contract_probe import (
     PROBE_METRIC,
     PROBE_METRIC_VALUE,
@@ -52,6 +57,8 @@ METRIC = "verl.utils.metric.utils"
 PY_FUNCTIONAL = "verl.utils.py_functional"
 MAIN_PPO = "verl.trainer.main_ppo"
 TRAINER_BASE = "verl.trainer.ppo.v1.trainer_base"
+LEGACY_TRAINER = "verl.trainer.ppo.ray_trainer"
+MAIN_PPO_V0 = "verl.trainer.main_ppo_v0"
 
 #: ppo_loss's parameters, in order (the adapter's drop-in has the same).
 PPO_LOSS_PARAMETERS = ("config", "model_output", "data", "dp_group")
@@ -66,11 +73,11 @@ POLICY_LOSS_KEYWORDS = ("old_log_prob", "log_prob", "advantages", "response_mask
 GLOBAL_BATCH_INFO_KEYS = ("dp_size", "batch_num_tokens", "global_batch_size", "loss_scale_factor")
 #: The keys the v1 trainer's old-log-prob pass writes to the batch: TEPO's default mask reads the old entropy.
 OLD_LOG_PROB_KEYS = ("old_log_probs", "entropy")
+#: The keys the legacy trainer's old-log-prob pass returns (legacy_trainer.py keeps 'entropys' as 'entropy').
+LEGACY_OLD_LOG_PROB_KEYS = ("old_log_probs", "entropys")
 #: The v1 trainer methods run_metrics wraps, with their parameters.
 TRAINER_HOOKS = {"_compute_old_log_prob": ("self", "batch", "metrics"), "_submit_batch_to_rollout": ("self", "batch"),
                  "step": ("self", "metrics", "timing_raw")}
-#: How tepo-verl's wrappers keep the verl function they wrap (the contract checks verl's, not the wrapper).
-_WRAPPED_ATTRIBUTES = ("__wrapped__", "__wrapped_stock__", "__tepo_stock__")
 
 
 class VerlContractError(RuntimeError):
@@ -153,14 +160,9 @@ class VerlSource:
 
 
 def verl_original(function: Callable) -> Callable:
-    """verl's own function behind tepo-verl's wrappers of it (`function` itself when it is verl's)."""
-    while getattr(function, "__module__", "").startswith("tepo_verl."):
-        inner = next((getattr(function, a) for a in _WRAPPED_ATTRIBUTES if getattr(function, a, None) is not None),
-                     None)
-        if inner is None:
-            break
-        function = inner
-    return function
+    """verl's own function behind tepo-verl's replacement of it (`function` itself when it is verl's): the original
+    every replacement keeps (tepo_verl/import_hooks.py)."""
+    return stock(function)
 
 
 # ------------------------------------------------------------------ AST helpers (for what cannot be called)
@@ -434,6 +436,28 @@ def _trainer_hooks(src: VerlSource) -> str | None:
     return None
 
 
+def _legacy_old_entropy(src: VerlSource) -> str | None:
+    method = src.function(LEGACY_TRAINER, "_compute_old_log_prob", cls="RayPPOTrainer")
+    returned = _keys_written(method) | {key.value for node in ast.walk(method) if isinstance(node, ast.Dict)
+                                        for key in node.keys if isinstance(key, ast.Constant)}
+    if _parameters(method) != ("self", "batch") or not set(LEGACY_OLD_LOG_PROB_KEYS) <= returned:
+        return ("the legacy trainer's old-log-prob pass (RayPPOTrainer._compute_old_log_prob(batch)) no longer returns "
+                f"{' and '.join(repr(k) for k in LEGACY_OLD_LOG_PROB_KEYS)}")
+    fit = src.function(LEGACY_TRAINER, "fit", cls="RayPPOTrainer")
+    dropped = {arg.value for call in _calls(fit, "pop") for arg in call.args if isinstance(arg, ast.Constant)}
+    if not _calls(fit, "_compute_old_log_prob") or not _calls(fit, "union") or "entropy" in dropped:
+        return ("RayPPOTrainer.fit no longer merges its old-log-prob pass's result into the batch (union) without "
+                "dropping an 'entropy' field")
+    if not _imports_name(src.tree(MAIN_PPO_V0), "verl.utils.config", "validate_config"):
+        return f"{MAIN_PPO_V0} no longer binds validate_config from verl.utils.config"
+    run = src.function(MAIN_PPO_V0, "run", cls="TaskRunner")
+    validated = [c.lineno for c in _calls(run, "validate_config")]
+    built = [c.lineno for c in _calls(run, "RayPPOTrainer")]
+    if not validated or not built or min(validated) > min(built):
+        return f"{MAIN_PPO_V0}.TaskRunner.run no longer calls validate_config before it builds RayPPOTrainer"
+    return None
+
+
 def _driver_validation(src: VerlSource) -> str | None:
     tree = src.tree(MAIN_PPO)
     if not _imports_name(tree, "verl.utils.config", "validate_config"):
@@ -451,6 +475,14 @@ class Assumption:
     name: str
     statement: str
     check: Callable[[VerlSource], str | None]  # None when verl matches, else what differs
+    #: When the adapter relies on it, so when the plugin checks it: "load" (every run: when the plugin loads),
+    #: "compare" (a run with TEPO_VERL_COMPARE_METRICS=1: at load), "legacy" (a config that runs `tepo` on the legacy
+    #: trainer: in verl's validate_config, before the trainer is built).
+    scope: str = "load"
+
+
+#: Every scope of an Assumption.
+SCOPES = ("load", "compare", "legacy")
 
 
 ASSUMPTIONS = (
@@ -482,7 +514,11 @@ ASSUMPTIONS = (
                "'entropy' next to 'old_log_probs', and main_ppo runs that trainer", _old_entropy),
     Assumption("trainer hooks", "run_metrics wraps PPOTrainer._compute_old_log_prob(batch, metrics), "
                "_submit_batch_to_rollout(batch), step(metrics, timing_raw) and trainer_base's agg_loss",
-               _trainer_hooks),
+               _trainer_hooks, scope="compare"),
+    Assumption("legacy old entropy", "the legacy trainer's old-log-prob pass returns the old entropy as 'entropys' "
+               "next to 'old_log_probs', which fit merges into the batch (legacy_trainer.py keeps it there as "
+               "'entropy'), and main_ppo_v0's TaskRunner calls validate_config before it builds the trainer",
+               _legacy_old_entropy, scope="legacy"),
     Assumption("driver validation", "main_ppo.main calls verl.utils.config.validate_config (which the plugin wraps "
                "with the TEPO checks) before it starts Ray", _driver_validation),
 )
@@ -497,11 +533,14 @@ def installed_verl_version() -> str:
         return "not installed"
 
 
-def broken_assumptions(source: VerlSource | None = None) -> list[tuple[Assumption, str]]:
-    """(assumption, what differs) for every assumption the installed (or planted) verl breaks."""
+def broken_assumptions(source: VerlSource | None = None,
+                       scopes: tuple[str, ...] = SCOPES) -> list[tuple[Assumption, str]]:
+    """(assumption, what differs) for every assumption of `scopes` the installed (or planted) verl breaks."""
     source = source or VerlSource()
     broken = []
     for assumption in ASSUMPTIONS:
+        if assumption.scope not in scopes:
+            continue
         try:
             problem = assumption.check(source)
         except Exception as error:  # noqa: BLE001 - a module that fails to import or parse breaks the assumption
@@ -535,11 +574,11 @@ def warning_line(assumption: Assumption, problem: str, verl_version: str) -> str
             "TEPO runs anyway, unchecked on this point.")
 
 
-def check_contract(source: VerlSource | None = None) -> None:
-    """Raise VerlContractError (one line per broken assumption) unless the installed verl matches every one; with
-    TEPO_VERL_CONTRACT=warn, print those lines as warnings on stderr instead and return."""
+def check_contract(source: VerlSource | None = None, scopes: tuple[str, ...] = SCOPES) -> None:
+    """Raise VerlContractError (one line per broken assumption) unless the installed verl matches every one of
+    `scopes`; with TEPO_VERL_CONTRACT=warn, print those lines as warnings on stderr instead and return."""
     mode = contract_mode()
-    broken = broken_assumptions(source)
+    broken = broken_assumptions(source, scopes)
     if not broken:
         return
     verl_version = installed_verl_version()

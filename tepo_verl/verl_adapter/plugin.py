@@ -5,6 +5,9 @@ the adapter makes about its internals (contract.py). verl logs a failing plugin 
 never lets a failure pass silently: it prints the error to stderr, registers `tepo` stubs that raise it the moment
 `tepo` is selected in a worker, and, in the driver, refuses a config that selects `tepo` in verl's
 `validate_config` (one line, before Ray starts).
+
+Every change the plugin makes to verl at run time, when it applies and why, is the table in docs/plugin.md ("What
+the plugin changes in verl"); tests/test_plugin_changes.py compares that table with what loading it changes.
 """
 
 from __future__ import annotations
@@ -12,23 +15,37 @@ from __future__ import annotations
 import sys
 import traceback
 
+from tepo_verl.import_hooks import replace
+
 _LOADED = False
 LOAD_ERROR: BaseException | None = None
 
 
 def _install() -> None:
-    __import__("tepo_verl.cpu").cpu.maybe_install()  # opt-in CPU mode (TEPO_VERL_CPU=1); a no-op otherwise
-    from tepo_verl.verl_adapter import actor_loss, checks, cli, registry  # noqa: F401  (registers `tepo`)
+    from tepo_verl.verl_adapter import actor_loss, cli, registry, run_metrics  # noqa: F401  (registers `tepo`)
     from tepo_verl.verl_adapter.contract import check_contract
     from tepo_verl.verl_adapter.version_check import check_verl_version
 
     check_verl_version()
-    check_contract()
+    check_contract(scopes=("load", "compare") if run_metrics.requested() else ("load",))
+    run_metrics.install()  # compare's extra columns, only where the run asks for them (TEPO_VERL_COMPARE_METRICS=1)
     actor_loss.install()
-    __import__("tepo_verl.verl_adapter.run_metrics", fromlist=["install"]).install()  # metrics for compare
-    _wrap_validate_config(checks.check_tepo_config)
+    _wrap_validate_config(validate_for_tepo)
     _register_hydra_search_path()
     cli.rewrite_sys_argv()
+
+
+def validate_for_tepo(config) -> None:
+    """What verl's validate_config runs first: the TEPO checks, then what a config that selects `tepo` on the legacy
+    trainer needs in this process (legacy_trainer.py; main_ppo_v0's TaskRunner validates before it builds that
+    trainer)."""
+    from tepo_verl.verl_adapter import checks, legacy_trainer
+    from tepo_verl.verl_adapter.contract import check_contract
+
+    checks.check_tepo_config(config)
+    if legacy_trainer.uses_legacy_trainer_with_tepo(config):
+        check_contract(scopes=("legacy",))
+        legacy_trainer.install()
 
 
 def _register_hydra_search_path() -> None:
@@ -45,18 +62,18 @@ def _register_hydra_search_path() -> None:
 
 
 def _wrap_validate_config(check) -> None:
-    """Run the TEPO checks inside verl's driver-side `validate_config` (main_ppo binds it after this runs)."""
+    """Run `check(config)` inside verl's driver-side `validate_config` (main_ppo binds it after this runs)."""
     from verl.utils import config as verl_config
 
-    stock = getattr(verl_config.validate_config, "__tepo_stock__", verl_config.validate_config)
+    def validating(stock):
+        def validate_config(config, *args, **kwargs):
+            check(config)
+            return stock(config, *args, **kwargs)
 
-    def validate_config(config, *args, **kwargs):
-        check(config)
-        return stock(config, *args, **kwargs)
+        validate_config.__doc__ = stock.__doc__
+        return validate_config
 
-    validate_config.__tepo_stock__ = stock
-    validate_config.__doc__ = stock.__doc__
-    verl_config.validate_config = validate_config
+    replace(verl_config, "validate_config", validating)
 
 
 def selects_tepo(config) -> bool:
@@ -93,9 +110,10 @@ def _refuse_tepo_in_driver(error: BaseException) -> None:
 def _known_failures() -> tuple[type[BaseException], ...]:
     """Load failures whose one-line message says everything; any other is printed with its traceback."""
     from tepo_verl.verl_adapter.contract import VerlContractError
+    from tepo_verl.verl_adapter.run_metrics import InvalidFlag
     from tepo_verl.verl_adapter.version_check import UnsupportedVerlVersion
 
-    return VerlContractError, UnsupportedVerlVersion
+    return VerlContractError, UnsupportedVerlVersion, InvalidFlag
 
 
 def _register_failure_stubs(error: BaseException) -> None:

@@ -7,22 +7,23 @@ the unweighted mean over micro-batches and ranks, not the mini-batch's value. Wi
 micro-batches differ in tokens and responses, and a micro-batch with no masked token pulls a masked mean down.
 
 A `RatioMetric` keeps each micro-batch's (numerator, denominator) and reduces to sum(numerators) /
-sum(denominators): exactly the ratio over every token it has seen, whatever the split, with no global count
-needed (the loss cannot know a global count of, say, masked tokens in advance). `install()` teaches verl's
-`Metric.aggregate_dp` to merge the ranks' RatioMetrics into one rather than reduce them to a float. verl's worker
-then collects the step's mini-batches into one RatioMetric (`append_to_dict` merges Metric values), and the
-driver's `reduce_metrics` reduces a Metric with its own `aggregate()`: the logged value is the ratio over the
-whole step, every mini-batch and epoch weighted by its tokens. (Averaging per-mini-batch values instead would
-count a mini-batch where a ratio is undefined, say one with no positive-advantage token, as 0.) Every other metric
-is reduced by verl's own code unchanged.
+sum(denominators): exactly the ratio over every token it has seen, whatever the split, with no global count needed
+(the loss cannot know a global count of, say, masked tokens in advance). `install()`, called by the first `tepo`
+loss of a process, teaches verl's `Metric.aggregate_dp` to merge the ranks' RatioMetrics into one rather than reduce
+them to a float (the same worker process then reduces the mini-batch). verl's worker then collects the step's
+mini-batches into one RatioMetric (`append_to_dict` merges Metric values), and the driver's `reduce_metrics` reduces
+a Metric with its own `aggregate()`: the logged value is the ratio over the whole step, every mini-batch and epoch
+weighted by its tokens. (Averaging per-mini-batch values instead would count a mini-batch where a ratio is
+undefined, say one with no positive-advantage token, as 0.) Every other metric is reduced by verl's own code
+unchanged.
 
 A `FirstMiniBatchMetric` reduces to its statistic (MIN or MAX) over the step's first mini-batch alone: the
 on-policy update, where l = l_old up to numerical noise. Its values accumulate per micro-batch on each rank;
 `aggregate_dp` seals the ranks' values of one mini-batch into one group, and the step keeps its groups in the
 order verl ran them, so `aggregate()` reads the first. (A value that never went through `aggregate_dp` belongs to
 no mini-batch: the aggregate is then NaN, logged as unknown, never a statistic over the wrong updates.) The verl
-contract (contract.py, "step metric reduction") checks at load time that verl still carries a Metric from the worker to
-the driver this way.
+contract (contract.py, "step metric reduction") checks at load time that verl still carries a Metric from the
+worker to the driver this way.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from __future__ import annotations
 from verl.utils.metric import AggregationType, Metric
 
 from tepo_verl.core.metrics import ratio_value
+from tepo_verl.import_hooks import replace
 
 
 class RatioMetric(Metric):
@@ -111,21 +113,30 @@ def merged(metrics: list[RatioMetric]) -> RatioMetric:
     return out
 
 
-def _aggregate_dp(cls, metric_lists):
-    if metric_lists and isinstance(metric_lists[0], RatioMetric):
-        return merged(metric_lists)  # reduced by the driver's reduce_metrics, over the whole step
-    if metric_lists and isinstance(metric_lists[0], FirstMiniBatchMetric):
-        return sealed(metric_lists)  # one mini-batch, kept apart from the step's others
-    return _aggregate_dp.stock(cls, metric_lists)
+def _merging_ratios(stock_aggregate_dp):
+    """verl's Metric.aggregate_dp, with RatioMetric and FirstMiniBatchMetric merged rather than reduced."""
+
+    def aggregate_dp(cls, metric_lists):
+        if metric_lists and isinstance(metric_lists[0], RatioMetric):
+            return merged(metric_lists)  # reduced by the driver's reduce_metrics, over the whole step
+        if metric_lists and isinstance(metric_lists[0], FirstMiniBatchMetric):
+            return sealed(metric_lists)  # one mini-batch, kept apart from the step's others
+        return stock_aggregate_dp(cls, metric_lists)
+
+    return aggregate_dp
+
+
+_INSTALLED = False
 
 
 def install() -> None:
-    """Route RatioMetric through verl's Metric.aggregate_dp (idempotent); loud if verl's Metric has changed."""
-    current = Metric.__dict__.get("aggregate_dp")
-    if not isinstance(current, classmethod):
+    """Route RatioMetric through verl's Metric.aggregate_dp (idempotent; the first `tepo` loss of a process calls
+    it, so a process that never runs that loss keeps verl's Metric as it is); loud if verl's Metric has changed."""
+    global _INSTALLED
+    if _INSTALLED:
+        return
+    if not isinstance(Metric.__dict__.get("aggregate_dp"), classmethod):
         raise RuntimeError("verl.utils.metric.Metric.aggregate_dp is no longer a classmethod; tepo-verl's "
                            "token-weighted metrics need updating for this verl")
-    if current.__func__ is _aggregate_dp:
-        return
-    _aggregate_dp.stock = current.__func__
-    Metric.aggregate_dp = classmethod(_aggregate_dp)
+    replace(Metric, "aggregate_dp", _merging_ratios)
+    _INSTALLED = True

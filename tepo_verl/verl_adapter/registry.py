@@ -1,4 +1,5 @@
-"""`tepo` in verl's advantage-estimator and policy-loss registries (thin wrappers over tepo_verl.core)."""
+"""`tepo` in verl's advantage-estimator and policy-loss registries (thin wrappers over tepo_verl.core and, for the
+advantage, verl's GRPO estimator)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,16 @@ from typing import Any
 
 import numpy as np
 import torch
-from verl.trainer.ppo.core_algos import agg_loss, register_adv_est, register_policy_loss
+from verl.trainer.ppo.core_algos import (
+    AdvantageEstimator,
+    agg_loss,
+    get_adv_estimator_fn,
+    register_adv_est,
+    register_policy_loss,
+)
 from verl.utils.metric import AggregationType, Metric
 
-from tepo_verl.core.advantage import group_relative_advantage
+from tepo_verl.core.advantage import without_signal
 from tepo_verl.core.loss import MissingInputError, TepoLossOutput, tepo_policy_loss
 from tepo_verl.core.mask import MASK_INPUTS
 from tepo_verl.verl_adapter.actor_loss import current_extras
@@ -20,6 +27,10 @@ from tepo_verl.verl_adapter.ratio_metric import FirstMiniBatchMetric, RatioMetri
 #: What provides the reference log-probs (kl_target=ref); the mask rules' tensors are in core.mask.MASK_INPUTS.
 REF_LOG_PROB_PROVIDER = ("the reference log-probs: a reference model, i.e. actor_rollout_ref.actor.use_kl_loss=True "
                          "(kl_loss_coef may be 0) or algorithm.use_kl_in_reward=True")
+#: How a tensor that no config key switches on reaches the loss: verl's main_ppo stores it on either trainer.
+STORED_PROVIDER = ("run through verl's main_ppo: the v1 trainer stores it; on the legacy trainer "
+                   "(trainer.use_v1=False) tepo-verl keeps it once the trainer's process has passed the config to "
+                   "verl.utils.config.validate_config, as main_ppo_v0's TaskRunner does")
 
 
 def provider(name: str) -> str:
@@ -27,6 +38,8 @@ def provider(name: str) -> str:
     if name == "ref_log_prob":
         return REF_LOG_PROB_PROVIDER
     needed = MASK_INPUTS[name]
+    if needed.config_key is None:
+        return f"{needed.meaning}: {STORED_PROVIDER}"
     return f"{needed.meaning}: set {needed.config_key}={needed.config_value}"
 
 
@@ -47,11 +60,15 @@ def compute_tepo_outcome_advantage(
     config: Any = None,  # the `algorithm` config
     **unused: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # advantages (B, T), returns (B, T)
-    """Step 1: group-relative advantage; `algorithm.norm_adv_by_std_in_grpo` switches the std normalisation."""
+    """Step 1: verl's GRPO advantage (`algorithm.norm_adv_by_std_in_grpo` switches its std normalisation), with
+    A = 0 for every response whose group has no spread of rewards: alone in its group, or all rewards equal
+    (docs/algorithm.md, "The advantage estimator")."""
     norm_by_std = True if config is None else bool(config.get("norm_adv_by_std_in_grpo", True))
-    scores = token_level_rewards.sum(dim=-1)  # (B,)
-    advantages = group_relative_advantage(scores, list(index), response_mask, norm_by_std=norm_by_std, eps=epsilon)
-    advantages = advantages.to(token_level_rewards.dtype)
+    grpo = get_adv_estimator_fn(AdvantageEstimator.GRPO)
+    advantages, _ = grpo(token_level_rewards, response_mask, index, epsilon=epsilon,
+                         norm_adv_by_std_in_grpo=norm_by_std, config=config)  # (B, T)
+    alone_or_equal = without_signal(token_level_rewards.sum(dim=-1), index)  # (B,)
+    advantages = advantages.masked_fill(alone_or_equal.unsqueeze(-1), 0.0)
     return advantages, advantages
 
 

@@ -1,4 +1,4 @@
-"""`python -m tepo_verl.tiny build [--task addition|scratchpad|chain] [--out DIR] [--seed N] [--force] [--retrain]
+"""`python -m tepo_lab.tiny build [--task addition|scratchpad|chain] [--out DIR] [--seed N] [--force] [--retrain]
 [--print KEY] [--dry-run]`."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ from pathlib import Path
 
 #: What `--print` can print: the manifest's paths and the build folder.
 PRINT_FIELDS = ("model", "train", "val", "reward", "reward_name", "dir")
-#: The tasks built by tepo_verl/tiny/scratchpad.py (the others: the addition task, tepo_verl/tiny/build.py).
+#: The tasks built by lab/tepo_lab/tiny/scratchpad.py (the others: the addition task, lab/tepo_lab/tiny/build.py).
 CHAIN_TASKS = ("scratchpad", "chain")
 
 
 def _check(args: argparse.Namespace, spec) -> None:
     """Reject bad arguments before the (minute-long) build starts, naming the bad value and the valid ones."""
-    from tepo_verl.tiny import task
+    from tepo_lab.tiny import task
 
     if args.field is not None and args.field not in PRINT_FIELDS:
         raise ValueError(f"unknown --print field {args.field!r}; valid: {', '.join(PRINT_FIELDS)}")
@@ -38,9 +38,9 @@ def _check(args: argparse.Namespace, spec) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tepo_verl.tiny.build import TinySpec, build
+    from tepo_lab.tiny.build import TinySpec, build
 
-    parser = argparse.ArgumentParser(prog="python -m tepo_verl.tiny", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m tepo_lab.tiny", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="build (or reuse) the tiny model, tokenizer, parquet data and reward")
     b.add_argument("--out", default=None, help="output dir (default: ~/.cache/tepo-verl/tiny/<key>)")
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"print only this path ({', '.join(PRINT_FIELDS)}) instead of the manifest")
     args = parser.parse_args(argv)
 
-    from tepo_verl.tiny import scratchpad
+    from tepo_lab.tiny import scratchpad
 
     given = {"seed": args.seed, "warmup_steps": args.warmup_steps, "train_size": args.train_size,
              "val_size": args.val_size}
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     if args.dry_run:
-        from tepo_verl.tiny.build import default_cache_root, paths
+        from tepo_lab.tiny.build import default_cache_root, paths
 
         out = Path(args.out) if args.out is not None else (
             scratchpad.default_out(spec) if args.task in CHAIN_TASKS else default_cache_root() / spec.key())

@@ -2,7 +2,7 @@
 
 verl 0.9.1 knows nvidia/huawei/amd only and, with no accelerator, falls back to nvidia ("cuda", NCCL) and
 rewrites `trainer.device=cpu` to cuda. This platform is registered under the name "cpu" by
-`tepo_verl.cpu.install()` (only when TEPO_VERL_CPU=1). It reports the Ray resource "GPU" so verl's placement
+`tepo_lab.cpu.install()` (only when TEPO_VERL_CPU=1). It reports the Ray resource "GPU" so verl's placement
 (which counts GPUs) works with `ray_init.num_gpus=1` standing in for one CPU "device".
 """
 
@@ -37,7 +37,7 @@ class CpuDeviceModule(types.ModuleType):
     """`torch.cpu` plus the torch.cuda-style calls verl makes on its device module, as no-ops on CPU."""
 
     def __init__(self) -> None:
-        super().__init__("tepo_verl.cpu.device_module", "torch.cpu with no-op accelerator memory/IPC calls")
+        super().__init__("tepo_lab.cpu.device_module", "torch.cpu with no-op accelerator memory/IPC calls")
 
     def __getattr__(self, name: str) -> Any:  # only reached for names not defined below
         return getattr(torch.cpu, name)

@@ -5,13 +5,13 @@ different policy (another greedy accuracy, another entropy). So the builders (bu
 scratchpad.py for the scratchpad and chain tasks) copy these files instead of training, whenever the requested spec is
 the one a policy was shipped for (its build key). This module is the store the builders read; it knows no builder.
 
-    tepo_verl/tiny/policies/<task>/   config.json, generation_config.json, model.safetensors, tokenizer files,
+    lab/tepo_lab/tiny/policies/<task>/   config.json, generation_config.json, model.safetensors, tokenizer files,
                                       manifest.json: the build key and spec, the sha256 of every file, the greedy
                                       and sampled (T=1) validation accuracy measured on the shipped weights
 
-Regenerate one with tepo_verl/tiny/regenerate.py (it trains with the task's builder, measures, and calls write()):
+Regenerate one with lab/tepo_lab/tiny/regenerate.py (it trains with the task's builder, measures, and calls write()):
 
-    python -m tepo_verl.tiny.regenerate --task addition|scratchpad|chain [--from BUILD_DIR]
+    python -m tepo_lab.tiny.regenerate --task addition|scratchpad|chain [--from BUILD_DIR]
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def write(task: str, from_dir: Path, spec: dict, measured: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tepo_verl.tiny.shipped",
+    parser = argparse.ArgumentParser(prog="python -m tepo_lab.tiny.shipped",
                                      description="print the manifests of the shipped policies")
     parser.parse_args(argv)
     print(json.dumps({task: manifest(task) for task in tasks()}, indent=2, sort_keys=True))

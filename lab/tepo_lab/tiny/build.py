@@ -1,6 +1,6 @@
 """Build (offline, seeded, cached) a tiny Qwen2 policy and the addition task for CPU runs of verl.
 
-    python -m tepo_verl.tiny build --out DIR      # or without --out: ~/.cache/tepo-verl/tiny/<key>
+    python -m tepo_lab.tiny build --out DIR      # or without --out: ~/.cache/tepo-verl/tiny/<key>
 
 DIR/model/      Qwen2ForCausalLM (safetensors, float32, head_dim 32 as vLLM's CPU attention needs) and the
                 byte-level tokenizer with Qwen's special tokens and ChatML chat template
@@ -12,7 +12,7 @@ that it is right sometimes but not always, like a base model: its sampled (T=1) 
 validation problems and recorded in the manifest. Everything is seeded and runs single-threaded, so a build is
 byte-for-byte reproducible on one machine; a finished build is reused when its key (all parameters + builder
 version) matches. Across machines the warm-up differs in its last bits, so for the default spec the builder copies
-the policy shipped in the package (tepo_verl/tiny/policies/addition, see shipped.py) instead of training:
+the policy shipped in the package (lab/tepo_lab/tiny/policies/addition, see shipped.py) instead of training:
 the same start everywhere. `--retrain` trains it here.
 """
 
@@ -22,9 +22,9 @@ import dataclasses
 import time
 from pathlib import Path
 
-from tepo_verl.tiny import task
-from tepo_verl.tiny import tokenizer as tiny_tokenizer
-from tepo_verl.tiny.common import (
+from tepo_lab.tiny import task
+from tepo_lab.tiny import tokenizer as tiny_tokenizer
+from tepo_lab.tiny.common import (
     PolicySpec,
     build_cached,
     build_key,
@@ -39,7 +39,7 @@ from tepo_verl.tiny.common import (
     supervised_warm_up,
     write_data,
 )
-from tepo_verl.tiny.common import model_config as _model_config
+from tepo_lab.tiny.common import model_config as _model_config
 
 BUILDER_VERSION = 1
 
@@ -74,7 +74,7 @@ def split(spec: TinySpec) -> tuple[list[tuple], list[tuple]]:
 
 def sample_accuracy(model, tok, pairs, seed: int, temperature: float = 1.0, max_new_tokens: int = 6) -> float:
     """Share of problems whose sampled (temperature>0) or greedy (0) answer gets reward 1."""
-    from tepo_verl.tiny.reward import compute_score
+    from tepo_lab.tiny.reward import compute_score
 
     responses, _ = generate(model, tok, [task.question(a, b) for a, b in pairs], temperature, seed, max_new_tokens)
     scores = [compute_score(task.DATA_SOURCE, tok.decode(r), str(a + b)) for r, (a, b) in zip(responses, pairs)]
@@ -82,7 +82,7 @@ def sample_accuracy(model, tok, pairs, seed: int, temperature: float = 1.0, max_
 
 
 def shipped_measurements(model_dir: Path, spec: TinySpec) -> dict:
-    """The measured fields of a shipped policy's manifest (tepo_verl/tiny/shipped.py) for the policy in model_dir:
+    """The measured fields of a shipped policy's manifest (lab/tepo_lab/tiny/shipped.py) for the policy in model_dir:
     greedy and sampled (T=1) validation accuracy, the greedy top-two logit gap and responses, single-threaded."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -121,7 +121,7 @@ def _build_into(spec: TinySpec, out: Path, log, source: str | None = None) -> di
     import torch
     from transformers import AutoTokenizer, Qwen2ForCausalLM
 
-    from tepo_verl.tiny import shipped
+    from tepo_lab.tiny import shipped
 
     started = time.time()
     with single_thread():
@@ -135,7 +135,7 @@ def _build_into(spec: TinySpec, out: Path, log, source: str | None = None) -> di
         if source is None:
             model = _warm_up(spec, tok, val_pairs, log)
             model.save_pretrained(model_dir, safe_serialization=True)
-        else:  # the policy shipped for this key (tepo_verl/tiny/shipped.py): the same start on every machine
+        else:  # the policy shipped for this key (lab/tepo_lab/tiny/shipped.py): the same start on every machine
             shipped.install("addition", model_dir)
             model = Qwen2ForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
             log(f"[tiny] policy: the shipped one ({source})")
@@ -153,7 +153,7 @@ def build(out: str | Path | None = None, spec: TinySpec | None = None, force: bo
     Returns the manifest with its `paths`. Writes into a temporary sibling and renames, so an interrupted
     build never looks finished.
     """
-    from tepo_verl.tiny import shipped
+    from tepo_lab.tiny import shipped
 
     spec = spec or TinySpec()
     out = Path(out) if out is not None else default_cache_root() / spec.key()

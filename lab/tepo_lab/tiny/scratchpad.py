@@ -6,14 +6,14 @@
 
 With the default 4 operands of 10..49 a response is 26-29 tokens (+ end of turn) with the byte-level tokenizer:
 a chain of 3 additions, each of which must be right, and each line must copy the running total and the next
-operand. The reward (tepo_verl/tiny/reward.py, the same file as the addition task) reads only the final answer,
+operand. The reward (lab/tepo_lab/tiny/reward.py, the same file as the addition task) reads only the final answer,
 the last integer of the response: sparse, no credit for a correct partial sum.
 
-    python -m tepo_verl.tiny build --task scratchpad [--out DIR]
+    python -m tepo_lab.tiny build --task scratchpad [--out DIR]
 
 builds (or reuses) DIR/model (the tiny Qwen2 policy and the tokenizer), DIR/data/{train,val}.parquet in verl's
-schema and DIR/manifest.json, like the addition task (tepo_verl/tiny/build.py). The policy is the shipped one
-(tepo_verl/tiny/policies/scratchpad, the same start on every machine) when the spec is the default one;
+schema and DIR/manifest.json, like the addition task (lab/tepo_lab/tiny/build.py). The policy is the shipped one
+(lab/tepo_lab/tiny/policies/scratchpad, the same start on every machine) when the spec is the default one;
 `--retrain` (or a non-default spec) trains it here with a short supervised warm-up on the whole scratchpad.
 
 The chain task (`--task chain`, ChainSpec) is the scratchpad with a varying number of operands (3 to 5 by
@@ -30,9 +30,9 @@ import time
 from pathlib import Path
 from typing import ClassVar
 
-from tepo_verl.tiny import common
-from tepo_verl.tiny import tokenizer as tiny_tokenizer
-from tepo_verl.tiny.common import (
+from tepo_lab.tiny import common
+from tepo_lab.tiny import tokenizer as tiny_tokenizer
+from tepo_lab.tiny.common import (
     PolicySpec,
     build_cached,
     build_key,
@@ -229,7 +229,7 @@ def evaluate(model, tok, problems_: list[tuple], temperature: float = 0.0, seed:
              max_new_tokens: int = MAX_RESPONSE_TOKENS) -> dict:
     """Accuracy (the reward's mean), mean response length in tokens (the end of turn counted once when emitted),
     the greedy margin (see generate) and a sha256 of the decoded responses."""
-    from tepo_verl.tiny.reward import compute_score
+    from tepo_lab.tiny.reward import compute_score
 
     responses, margin = generate(model, tok, [question(ops) for ops in problems_], temperature, seed,
                                  max_new_tokens)
@@ -256,7 +256,7 @@ def start_policy(spec: ScratchSpec):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from tepo_verl.tiny import shipped
+    from tepo_lab.tiny import shipped
 
     with tempfile.TemporaryDirectory() as tmp:
         shipped.install(init, Path(tmp))
@@ -322,7 +322,7 @@ def measure(model_dir: Path, spec: ScratchSpec) -> dict:
 
 
 def shipped_measurements(model_dir: Path, spec: ScratchSpec) -> dict:
-    """The measured fields of a shipped policy's manifest (tepo_verl/tiny/shipped.py) for the policy in model_dir."""
+    """The measured fields of a shipped policy's manifest (lab/tepo_lab/tiny/shipped.py) for the policy in model_dir."""
     got = measure(model_dir, spec)
     greedy, sampled = got["greedy"], got["sampled"]
     return {"val_accuracy_greedy": greedy["accuracy"], "val_accuracy_sampled_t1": sampled["accuracy"],
@@ -334,7 +334,7 @@ def shipped_measurements(model_dir: Path, spec: ScratchSpec) -> dict:
 
 
 def _build_into(spec: ScratchSpec, out: Path, source: str | None, log) -> dict:
-    from tepo_verl.tiny import shipped
+    from tepo_lab.tiny import shipped
 
     started = time.time()
     model_dir = out / "model"
@@ -364,7 +364,7 @@ def default_out(spec: ScratchSpec) -> Path:
 def build(out=None, spec: ScratchSpec | None = None, force: bool = False, retrain: bool = False, log=print) -> dict:
     """Build into `out` (default: the cache folder of spec's key) unless a build with the same key and policy
     source is there. Writes into a temporary sibling and renames, so an interrupted build never looks finished."""
-    from tepo_verl.tiny import shipped
+    from tepo_lab.tiny import shipped
 
     spec = spec or ScratchSpec()
     out = Path(out) if out is not None else default_out(spec)

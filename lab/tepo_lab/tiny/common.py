@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tepo_verl.tiny import tokenizer as tiny_tokenizer
+from tepo_lab.tiny import tokenizer as tiny_tokenizer
 
 # ------------------------------------------------------------------------------------------------------- spec
 
@@ -218,7 +218,7 @@ def default_cache_root() -> Path:
 
 
 def paths(out: Path) -> dict:
-    from tepo_verl.tiny import reward
+    from tepo_lab.tiny import reward
 
     return {
         "model": str(out / "model"),

