@@ -1,10 +1,11 @@
 # On a fresh machine (2 CPU cores are enough):
 #
 #   make demo    set up .venv if needed, then TEPO vs GRPO vs DAPO through verl's real trainer (tepo-lab demo)
-#   make test    set up .venv if needed, then ruff and the whole test suite (CI runs this; it ends with the 25
-#                slowest tests)
+#   make test    set up .venv if needed, then ruff and the whole test suite on two pytest-xdist workers, one
+#                running the trainer runs (-m e2e) while the other runs the rest (CI runs this; it ends with the
+#                25 slowest tests)
 #   make check   set up .venv if needed, then ruff and every test but the trainer runs (-m "not e2e"), on two
-#                workers (pytest-xdist): the check for every edit, a few minutes on 2 cores
+#                workers: the check for every edit, a few minutes on 2 cores
 #
 # Set-up (once; a stamp file in the venv makes later calls skip it, silently): a virtual environment, the CPU build
 # of torch, the plugin with its test extras and, beside it, the CPU lab (lab/: the CPU mode, the tiny models, the
@@ -28,6 +29,8 @@ LOG := $(VENV)/setup.log
 TORCH := 2.13.0
 PIP := $(PY) -m pip install --disable-pip-version-check --progress-bar off
 STAGE := bash tools/setup_stage.sh $(LOG)
+# Two pytest-xdist workers; the scopes (a test file, or every end-to-end file) are tests/conftest.py's.
+XDIST := -n 2 --dist loadscope --no-loadscope-reorder
 # What `. .venv/bin/activate` does, for the jobs: the recipes and tests start `python` and tools by name.
 ACTIVATE := PATH="$(abspath $(VENV))/bin:$$PATH" VIRTUAL_ENV="$(abspath $(VENV))"
 
@@ -38,11 +41,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	@$(VENV)/bin/ruff check --quiet .
-	@$(ACTIVATE) $(PY) -m pytest --durations=25 $(PYTEST_ARGS)
+	@$(ACTIVATE) $(PY) -m pytest $(XDIST) --durations=25 $(PYTEST_ARGS)
 
 check: $(STAMP)
 	@$(VENV)/bin/ruff check --quiet .
-	@$(ACTIVATE) $(PY) -m pytest -m "not e2e" -n 2 --dist loadfile $(PYTEST_ARGS)
+	@$(ACTIVATE) $(PY) -m pytest -m "not e2e" $(XDIST) $(PYTEST_ARGS)
 
 install: $(STAMP)
 	@:

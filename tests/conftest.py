@@ -3,11 +3,17 @@ there already; any other skip (a pytest.skip or pytest.importorskip that did not
 failure here, with its reason, so nothing is silently left untested in CI.
 
 And the end-to-end runs' one Ray head per pytest run (tests/conftest_e2e.py): the `ray_head` fixture, and its stop
-when the run ends."""
+when the run ends.
+
+And how `make test` and `make check` share the tests between two pytest-xdist workers (`--dist loadscope
+--no-loadscope-reorder`): a test file's tests stay on one worker, so its module fixtures are built once, and the
+end-to-end files' tests (test_e2e_*.py) go to one worker, first and in order, while the other worker runs the rest
+beside them."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import conftest_e2e
 import pytest
@@ -32,6 +38,30 @@ def pytest_runtest_makereport(item, call):
 def ray_head() -> conftest_e2e.RayHead:
     """The Ray head every end-to-end run of this pytest run connects to (conftest_e2e.shared_ray_head)."""
     return conftest_e2e.shared_ray_head()
+
+
+def scope(nodeid: str) -> str:
+    """A test's share of the work under `make test`: its file, or "e2e" for every end-to-end file (test_e2e_*.py)."""
+    path = nodeid.split("::")[0]
+    return "e2e" if Path(path).name.startswith("test_e2e_") else path
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: scope(item.nodeid) != "e2e")  # stable: the end-to-end runs first, in file order
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Under `--dist loadscope`, pytest-xdist's scheduler with the scopes above (the controller sees node ids only,
+    not markers; pytest-xdist's own loadgroup cannot rename node ids on pytest 9.2)."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SuiteScopes(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return scope(nodeid)
+
+    return SuiteScopes(config, log)
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -98,8 +98,11 @@ def _make_dry(target: str, venv: Path) -> list[str]:
     return proc.stdout.splitlines()
 
 
-@pytest.mark.parametrize("target, runs", [("demo", "-m tepo_lab.demo"), ("test", "-m pytest --durations=25"),
-                                          ("check", '-m pytest -m "not e2e" -n 2 --dist loadfile')])
+XDIST = "-n 2 --dist loadscope --no-loadscope-reorder"  # the scopes: tests/conftest.py
+
+
+@pytest.mark.parametrize("target, runs", [("demo", "-m tepo_lab.demo"), ("test", f"-m pytest {XDIST} --durations=25"),
+                                          ("check", f'-m pytest -m "not e2e" {XDIST}')])
 def test_make_targets_set_up_a_fresh_venv_then_run(target, runs, tmp_path):
     venv = tmp_path / "venv"
     lines = _make_dry(target, venv)
@@ -140,8 +143,8 @@ def test_second_make_skips_the_set_up(tmp_path):
     (venv / ".tepo-verl-installed").touch()  # newer than setup.py and the CPU installer
     os.utime(venv / ".tepo-verl-installed", (time.time() + 5, time.time() + 5))
     lines = _make_dry("test", venv)
-    assert lines == [f"{venv}/bin/ruff check --quiet .",  # the style check first, then the tests (25 slowest shown)
-                     f'PATH="{venv}/bin:$PATH" VIRTUAL_ENV="{venv}" {venv}/bin/python -m pytest --durations=25 '], lines
+    pytest = f'PATH="{venv}/bin:$PATH" VIRTUAL_ENV="{venv}" {venv}/bin/python -m pytest {XDIST} --durations=25 '
+    assert lines == [f"{venv}/bin/ruff check --quiet .", pytest], lines  # ruff, then the tests (25 slowest shown)
 
 
 #: A stand-in `make` for .ci/run: records where it ran, CI and its arguments, and exits with $FAKE_MAKE_EXIT.
@@ -286,3 +289,41 @@ def test_any_skip_fails_under_ci(tmp_path):
         assert expected in proc.stdout, (ci, proc.stdout[-2000:])
         if ci:
             assert "CI=true, and the test skipped (Skipped: no frobnicator here)" in proc.stdout, proc.stdout[-2000:]
+
+
+#: Test files for the worker-sharing check: each test appends its worker, file and name to $ORDER_LOG.
+_RECORD = """import os, pytest
+def record(name):
+    with open(os.environ["ORDER_LOG"], "a") as log:
+        log.write(f"{os.environ['PYTEST_XDIST_WORKER']} {__name__} {name}\\n")
+"""
+
+
+def test_make_tests_xdist_sharing_keeps_a_file_on_one_worker_and_every_e2e_test_first_on_one(tmp_path):
+    """tests/conftest.py's scopes under `make test`'s XDIST, on stand-in files: the end-to-end files' tests run on
+    one worker, before anything else there and in file order; every other file's tests stay on one worker each."""
+    (tmp_path / "conftest.py").write_text(  # the suite's conftest's hook, loaded under another module name
+        f"import importlib.util, sys\nsys.path.insert(0, {str(REPO / 'tests')!r})\n"
+        f"spec = importlib.util.spec_from_file_location('suite_conftest', {str(REPO / 'tests' / 'conftest.py')!r})\n"
+        "suite = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(suite)\n"
+        "pytest_collection_modifyitems = suite.pytest_collection_modifyitems\n"
+        "pytest_xdist_make_scheduler = suite.pytest_xdist_make_scheduler\n")
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    e2e: a trainer run\n")
+    files = {"test_a.py": "", "test_e2e_b.py": "pytestmark = pytest.mark.e2e\n", "test_c.py": "",
+             "test_e2e_d.py": "pytestmark = pytest.mark.e2e\n"}
+    for name, mark in files.items():
+        body = "".join(f"def test_{i}():\n    record({i})\n" for i in range(4))
+        (tmp_path / name).write_text(_RECORD + mark + body)
+    log = tmp_path / "order.log"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *XDIST.split()],
+                          cwd=tmp_path, env={**os.environ, "ORDER_LOG": str(log), "CI": ""},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    runs = [line.split() for line in log.read_text().splitlines()]
+    assert len(runs) == 16
+    modules = ("test_a", "test_e2e_b", "test_c")
+    workers = {module: {worker for worker, m, _ in runs if m == module} for module in modules}
+    assert all(len(on) == 1 for on in workers.values()), workers
+    e2e_worker = workers["test_e2e_b"].pop()
+    on_it = [(module, int(name)) for worker, module, name in runs if worker == e2e_worker]
+    assert on_it[:8] == [("test_e2e_b", i) for i in range(4)] + [("test_e2e_d", i) for i in range(4)], on_it
