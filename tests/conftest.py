@@ -50,6 +50,7 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: scope(item.nodeid) != "e2e")  # stable: the end-to-end runs first, in file order
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest without pytest-xdist runs the suite on one process
 def pytest_xdist_make_scheduler(config, log):
     """Under `--dist loadscope`, pytest-xdist's scheduler with the scopes above (the controller sees node ids only,
     not markers; pytest-xdist's own loadgroup cannot rename node ids on pytest 9.2)."""

@@ -295,14 +295,13 @@ def test_any_skip_fails_under_ci(tmp_path):
 _RECORD = """import os, pytest
 def record(name):
     with open(os.environ["ORDER_LOG"], "a") as log:
-        log.write(f"{os.environ['PYTEST_XDIST_WORKER']} {__name__} {name}\\n")
+        log.write(f"{os.environ.get('PYTEST_XDIST_WORKER', 'master')} {__name__} {name}\\n")
 """
 
 
-def test_make_tests_xdist_sharing_keeps_a_file_on_one_worker_and_every_e2e_test_first_on_one(tmp_path):
-    """tests/conftest.py's scopes under `make test`'s XDIST, on stand-in files: the end-to-end files' tests run on
-    one worker, before anything else there and in file order; every other file's tests stay on one worker each."""
-    (tmp_path / "conftest.py").write_text(  # the suite's conftest's hook, loaded under another module name
+def _standin_suite(tmp_path):
+    """Four stand-in test files (two end-to-end) under the suite's own conftest hooks; returns $ORDER_LOG's path."""
+    (tmp_path / "conftest.py").write_text(  # the suite's conftest's hooks, loaded under another module name
         f"import importlib.util, sys\nsys.path.insert(0, {str(REPO / 'tests')!r})\n"
         f"spec = importlib.util.spec_from_file_location('suite_conftest', {str(REPO / 'tests' / 'conftest.py')!r})\n"
         "suite = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(suite)\n"
@@ -314,12 +313,22 @@ def test_make_tests_xdist_sharing_keeps_a_file_on_one_worker_and_every_e2e_test_
     for name, mark in files.items():
         body = "".join(f"def test_{i}():\n    record({i})\n" for i in range(4))
         (tmp_path / name).write_text(_RECORD + mark + body)
-    log = tmp_path / "order.log"
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *XDIST.split()],
+    return tmp_path / "order.log"
+
+
+def _run_standin(tmp_path, *args):
+    log = _standin_suite(tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
                           cwd=tmp_path, env={**os.environ, "ORDER_LOG": str(log), "CI": ""},
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    runs = [line.split() for line in log.read_text().splitlines()]
+    return [line.split() for line in log.read_text().splitlines()]
+
+
+def test_make_tests_xdist_sharing_keeps_a_file_on_one_worker_and_every_e2e_test_first_on_one(tmp_path):
+    """tests/conftest.py's scopes under `make test`'s XDIST, on stand-in files: the end-to-end files' tests run on
+    one worker, before anything else there and in file order; every other file's tests stay on one worker each."""
+    runs = _run_standin(tmp_path, *XDIST.split())
     assert len(runs) == 16
     modules = ("test_a", "test_e2e_b", "test_c")
     workers = {module: {worker for worker, m, _ in runs if m == module} for module in modules}
@@ -327,3 +336,12 @@ def test_make_tests_xdist_sharing_keeps_a_file_on_one_worker_and_every_e2e_test_
     e2e_worker = workers["test_e2e_b"].pop()
     on_it = [(module, int(name)) for worker, module, name in runs if worker == e2e_worker]
     assert on_it[:8] == [("test_e2e_b", i) for i in range(4)] + [("test_e2e_d", i) for i in range(4)], on_it
+
+
+def test_the_suite_runs_without_pytest_xdist_end_to_end_files_first(tmp_path):
+    """`python -m pytest` where pytest-xdist is absent (here switched off): the conftest's xdist hook is optional,
+    so the suite still runs, on one process, with the end-to-end files first."""
+    runs = _run_standin(tmp_path, "-p", "no:xdist")
+    order = [(module, int(name)) for _, module, name in runs]
+    assert order[:8] == [("test_e2e_b", i) for i in range(4)] + [("test_e2e_d", i) for i in range(4)], order
+    assert len(order) == 16 and {worker for worker, _, _ in runs} == {"master"}
