@@ -16,6 +16,9 @@ data order and seeds (recipes/cpu.sh's SEED), so runs pair by seed.
   run first and are the test bed's check (`test_bed_passed`): no other run starts until they meet it. Its control
   arms take the KL coefficient that the dose arms select by the plan's rule (`control_coef`), so they run once those
   are finished.
+- `cpu-chain-clipband`: the clip band's arms (tepo and gspo at 3e-2/4e-2), beside the float32 study's runs.
+- `cpu-chain-collapse-calibration`: a search for a regime where entropy collapses, on grpo and tepo_nomask only:
+  the runner picks each run from the finished ones by the calibration's procedure (collapse_state), not by seeds.
 - `cpu-scratchpad` (superseded, bf16 log-probs): the first study, kept for its committed runs; no new runs.
 
 Each finished run leaves, under benchmarks/results/<study>/<arm>-seed<k>/:
@@ -227,6 +230,47 @@ UNBOUND_CLIP_FRACTION = 0.05
 #: Holm's family-wise error rate over a study's contrasts.
 CONTRAST_ALPHA = 0.05
 
+# ------------------------------------------- cpu-chain-collapse-calibration (a regime where entropy collapses)
+
+@dataclasses.dataclass(frozen=True)
+class CollapseLevel:
+    """One setting of the levers the calibration tries: verl overrides on top of the float32 study's regime."""
+
+    name: str
+    overrides: tuple[str, ...]
+    why: str
+
+
+#: The calibration's question, its criterion and its procedure are in docs/results.md ("Where entropy collapses:
+#: the calibration"), committed before its first run. The levels, tried in this order; each on COLLAPSE_ARMS[0]
+#: first, and on COLLAPSE_ARMS[1] only where the first met the criterion (a level must meet it on both).
+COLLAPSE_LEVELS = (
+    CollapseLevel("lr3e-4", (f"{ACTOR}.optim.lr=0.0003",),
+                  "3x the learning rate (1e-4: entropy -12% in 80 steps; a probe at 1e-3 diverged at once)"),
+    CollapseLevel("epochs4", (f"{ACTOR}.ppo_epochs=4",), "4 passes over each step's batch: 32 updates a step"),
+    CollapseLevel("lr3e-4-epochs4", (f"{ACTOR}.optim.lr=0.0003", f"{ACTOR}.ppo_epochs=4"), "both levers"),
+)
+COLLAPSE_ARMS = ("grpo", "tepo_nomask")  # the arms without the mask; no arm with the mask runs in the calibration
+COLLAPSE_SEED = 1
+COLLAPSE_BUDGET = 6  # calibration runs at most
+#: The criterion on each calibration arm: the token-mean entropy at the last step at most this share of the first
+#: step's, after learning: the best validation accuracy at least RISE_MIN above the one before training (a policy
+#: that never learned, as the 1e-3 probe, diverged rather than collapsed).
+COLLAPSE_SHARE = 0.5
+
+COLLAPSE = Study(
+    name="cpu-chain-collapse-calibration",
+    regime=CHAIN.regime,
+    common_overrides=CHAIN.common_overrides,
+    arms=tuple(Arm(f"{level.name}-{preset}", preset, level.overrides, "calibration", level.why)
+               for level in COLLAPSE_LEVELS for preset in COLLAPSE_ARMS),
+    seeds={"calibration": (COLLAPSE_SEED,)},
+    target=CHAIN.target,
+    comparisons={"calibration": Comparison("calibration", "The calibration runs (seed 1; grpo and tepo_nomask only)",
+                                           reference=f"{COLLAPSE_LEVELS[0].name}-{COLLAPSE_ARMS[0]}")},
+)
+
+
 # ------------------------------------------------------------------------------ cpu-scratchpad (superseded, bf16)
 
 SCRATCHPAD = Study(
@@ -265,7 +309,7 @@ SCRATCHPAD = Study(
                "replaces it, and its committed runs stay for the page",
 )
 
-STUDIES = {study.name: study for study in (CHAIN, CLIPBAND, SCRATCHPAD)}
+STUDIES = {study.name: study for study in (CHAIN, CLIPBAND, COLLAPSE, SCRATCHPAD)}
 DEFAULT_STUDY = CHAIN.name
 
 
@@ -355,6 +399,76 @@ def gate_state(results: Path, steps: int) -> str:
         return f"pending, {done} of {len(CHECK_SEEDS)} runs finished"
     gain = rise[2] - rise[1]
     return f"{'passed' if gain >= RISE_MIN else 'failed'}, {gain:+.3f} from step {RISE_FROM} to step {steps}"
+
+
+@dataclasses.dataclass(frozen=True)
+class CollapseCheck:
+    """The collapse calibration's criterion (COLLAPSE_SHARE, RISE_MIN) on one finished run."""
+
+    run: str
+    entropy_first: float  # token-mean entropy (ENTROPY) at the first training step
+    entropy_last: float  # ... at the last
+    val_start: float  # validation accuracy before training
+    val_best: float
+
+    @property
+    def collapsed(self) -> bool:
+        return self.entropy_last <= COLLAPSE_SHARE * self.entropy_first
+
+    @property
+    def learned(self) -> bool:
+        return self.val_best - self.val_start >= RISE_MIN
+
+    @property
+    def met(self) -> bool:
+        return self.collapsed and self.learned
+
+
+def collapse_check(folder: Path, steps: int) -> CollapseCheck:
+    """The criterion on the finished calibration run in `folder`."""
+    from tepo_verl.report.runs import ENTROPY, load_run
+
+    run = load_run(metrics_file(folder))
+    entropy, accuracy = dict(run.series(ENTROPY)), dict(run.val_accuracy())
+    if steps not in entropy or 0 not in accuracy:
+        raise StudyError(f"{folder.name}: no {ENTROPY} at step {steps} or no validation at step 0 in its metrics")
+    return CollapseCheck(folder.name, entropy[min(entropy)], entropy[steps], accuracy[0], max(accuracy.values()))
+
+
+def collapse_state(results: Path, steps: int) -> tuple[Run | None, list[CollapseCheck], str]:
+    """The calibration's procedure (docs/results.md) on the finished runs in `results`: the levels in order, each
+    on COLLAPSE_ARMS in order, a level left as soon as an arm misses the criterion, the first level that meets it on
+    every arm the regime, at most COLLAPSE_BUDGET runs. Returns the next run (None once the calibration is over),
+    the checks of the finished runs in that order, and the state in words."""
+    arms = {arm.name: arm for arm in COLLAPSE.arms}
+    checks: list[CollapseCheck] = []
+    for level in COLLAPSE_LEVELS:
+        for preset in COLLAPSE_ARMS:
+            run = Run(arms[f"{level.name}-{preset}"], COLLAPSE_SEED)
+            if not finished(results / run.name, steps):
+                if len(checks) >= COLLAPSE_BUDGET:
+                    return None, checks, (f"not reached: no level met the criterion within the budget of "
+                                          f"{COLLAPSE_BUDGET} runs")
+                return run, checks, f"in progress, {len(checks)} of at most {COLLAPSE_BUDGET} runs; next {run.name}"
+            checks.append(collapse_check(results / run.name, steps))
+            if not checks[-1].met:
+                break
+        else:
+            return None, checks, f"calibrated: level {level.name} met the criterion on {' and '.join(COLLAPSE_ARMS)}"
+    return None, checks, f"not reached: none of the {len(COLLAPSE_LEVELS)} levels met the criterion"
+
+
+def collapse_section(results: Path, steps: int) -> list[str]:
+    """The page's account of the calibration: its state, and the criterion on each finished run."""
+    _, checks, state = collapse_state(results, steps)
+    lines = [f"**The calibration** (a level meets the criterion on a run when its token-mean entropy at step {steps} "
+             f"is at most {COLLAPSE_SHARE:g} of step 1's and its best validation accuracy is at least {RISE_MIN:g} "
+             f"above step 0's): {state}.", "",
+             f"| run | entropy, step 1 | entropy, step {steps} | share | validation, step 0 | best | criterion |",
+             "|---|---|---|---|---|---|---|"]
+    lines += [f"| {c.run} | {c.entropy_first:.4f} | {c.entropy_last:.4f} | {c.entropy_last / c.entropy_first:.3f} | "
+              f"{c.val_start:.4f} | {c.val_best:.4f} | {'met' if c.met else 'missed'} |" for c in checks]
+    return [*lines, ""]
 
 
 def control_arms(coef: float) -> tuple[Arm, ...]:
@@ -906,6 +1020,8 @@ def page_section(compared: dict[str, tuple[Comparison, Path]], page: Path, study
         lines += calls_section(plan_calls(compared, study))
     if study.contrasts and compared:
         lines += contrasts_section(compared, study)
+    if study is COLLAPSE:
+        lines += collapse_section(results, int(study.regime["STEPS"]))
     for name, (comparison, out) in compared.items():
         lines += [f"#### {comparison.title}", ""]
         lines += [(out / "compare.md").read_text(encoding="utf-8").rstrip(), ""]
@@ -985,6 +1101,9 @@ def main(argv: list[str] | None = None, log=print) -> int:
         waiting = [arm for arm in arms if arm.group == "control" and coef is None]
         arms = [arm for arm in arms if arm not in waiting]
         check_presets(arms)
+        if study is COLLAPSE and (args.arms != "all" or args.seeds):
+            raise StudyError(f"study {study.name} chooses its runs by its procedure (docs/results.md); drop --arms "
+                             f"{args.arms} and --seeds {args.seeds}")
         runs = plan(arms, parse_seeds(args.seeds) if args.seeds else None, study)
         if args.list:
             log(f"study {study.name}: regime {regime}; verl overrides for every run: "
@@ -993,6 +1112,9 @@ def main(argv: list[str] | None = None, log=print) -> int:
             if study is CHAIN:
                 log(f"  the test bed's check ({RISE_ARM} seeds {CHECK_SEEDS[0]}-{CHECK_SEEDS[-1]} first, no other run "
                     f"before it): {gate_state(results, steps)}")
+            if study is COLLAPSE:
+                log(f"  the calibration (levels in order, {COLLAPSE_ARMS[0]} first at each): "
+                    f"{collapse_state(results, steps)[2]}")
             for arm in [*arms, *waiting]:
                 seeds = [r.seed for r in runs if r.arm is arm] or list(study.seeds[arm.group])
                 done = [s for s in seeds if finished(results / f"{arm.name}-seed{s}", steps)]
@@ -1013,6 +1135,43 @@ def main(argv: list[str] | None = None, log=print) -> int:
     except (StudyError, RunError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    if study is COLLAPSE:
+        try:
+            failed = calibrate(results, scratch, regime, steps, args, python, log)
+        except (StudyError, RunError) as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+    else:
+        failed = run_plan(todo, passed, runs, results, scratch, regime, args, python, log, study, waiting)
+    if failed:
+        log(f"[study] {len(failed)} failed runs (rerun the same command to retry them): {', '.join(failed)}")
+    if not args.no_compare:
+        try:
+            write_page(args.results_root.resolve(), [study], args.page_file, python, log, plots=not args.no_plots)
+        except (StudyError, RunError) as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+    return 1 if failed else 0
+
+
+def calibrate(results: Path, scratch: Path, regime: dict, steps: int, args, python: str, log) -> list[str]:
+    """The collapse calibration's runs, one at a time, each chosen by its procedure (collapse_state) from the runs
+    finished before it; stops at a failed run (returned), at --max-runs new runs, or when the calibration is over."""
+    started = 0
+    while True:
+        run, _, state = collapse_state(results, steps)
+        log(f"[study] {COLLAPSE.name}: {state}")
+        if run is None or (args.max_runs is not None and started >= args.max_runs):
+            return []
+        if not run_one(run, results, scratch, regime, args.recipe.resolve(), args.lock, python, args.timeout, log,
+                       COLLAPSE):
+            return [run.name]
+        started += 1
+
+
+def run_plan(todo: list[Run], passed, runs: list[Run], results: Path, scratch: Path, regime: dict, args,
+             python: str, log, study: Study, waiting: list[Arm]) -> list[str]:
+    """Every unfinished run of the plan in its order (the chain study's gate first); returns the failed ones."""
     held = [run for run in todo if not passed and not gate_run(run, study)]
     todo = [run for run in todo if run not in held]
     log(f"[study] {study.name}: {len(runs)} runs planned, {len(runs) - len(todo) - len(held)} finished (skipped), "
@@ -1025,18 +1184,9 @@ def main(argv: list[str] | None = None, log=print) -> int:
             f"arms' seeds {DOSE_SEEDS[0]}-{DOSE_SEEDS[-1]} first")
     if args.max_runs is not None:
         todo = todo[: args.max_runs]
-    failed = [run.name for run in todo
-              if not run_one(run, results, scratch, regime, args.recipe.resolve(), args.lock, python, args.timeout,
-                             log, study)]
-    if failed:
-        log(f"[study] {len(failed)} failed runs (rerun the same command to retry them): {', '.join(failed)}")
-    if not args.no_compare:
-        try:
-            write_page(args.results_root.resolve(), [study], args.page_file, python, log, plots=not args.no_plots)
-        except (StudyError, RunError) as error:
-            print(f"error: {error}", file=sys.stderr)
-            return 2
-    return 1 if failed else 0
+    return [run.name for run in todo
+            if not run_one(run, results, scratch, regime, args.recipe.resolve(), args.lock, python, args.timeout,
+                           log, study)]
 
 
 if __name__ == "__main__":
