@@ -318,8 +318,9 @@ def _standin_suite(tmp_path):
 
 def _run_standin(tmp_path, *args):
     log = _standin_suite(tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}  # not this run's worker's
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
-                          cwd=tmp_path, env={**os.environ, "ORDER_LOG": str(log), "CI": ""},
+                          cwd=tmp_path, env={**env, "ORDER_LOG": str(log), "CI": ""},
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return [line.split() for line in log.read_text().splitlines()]
