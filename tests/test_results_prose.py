@@ -11,15 +11,14 @@ CSV value it quotes, to the precision the cell shows (a cell "0.742" matches 0.7
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import statistics
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from study_module import load_study
 
 from tepo_verl.report.runs import metrics_file, open_metrics
 
@@ -27,13 +26,6 @@ REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "results.md"
 ALGORITHM = REPO / "docs" / "algorithm.md"
 COMPARE = REPO / "benchmarks" / "results" / "cpu-scratchpad" / "compare"
-def load_study():
-    """benchmarks/study.py, the module tests/test_study.py loads (once per process)."""
-    if "study" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("study", REPO / "benchmarks" / "study.py")
-        sys.modules["study"] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules["study"])
-    return sys.modules["study"]
 
 
 CHAIN_COMPARE = REPO / "benchmarks" / "results" / "cpu-chain" / "compare"

@@ -6,7 +6,6 @@ from __future__ import annotations
 import csv
 import fcntl
 import gzip
-import importlib.util
 import json
 import os
 import subprocess
@@ -16,12 +15,10 @@ import time
 from pathlib import Path
 
 import pytest
+from study_module import load_study
 
 REPO = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("study", REPO / "benchmarks" / "study.py")
-study = importlib.util.module_from_spec(_spec)
-sys.modules["study"] = study
-_spec.loader.exec_module(study)
+study = load_study()
 
 #: Stands in for recipes/cpu.sh: logs its environment and arguments, then writes a file-logger JSONL of STEPS steps
 #: into $RUN_DIR (fewer with FAKE_SHORT=1 for the arm FAKE_ALGO; exit 1 with FAKE_FAIL=1 for that arm; a validation

@@ -3,23 +3,18 @@ and the decision rule it pre-registered in docs/results.md, on synthetic per-see
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import math
 import random
-import sys
 from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from study_module import load_study
 
 REPO = Path(__file__).resolve().parents[1]
-if "study" not in sys.modules:  # benchmarks/study.py, as tests/test_study.py loads it
-    _spec = importlib.util.spec_from_file_location("study", REPO / "benchmarks" / "study.py")
-    sys.modules["study"] = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(sys.modules["study"])
-study = sys.modules["study"]
+study = load_study()
 CLIPBAND = study.CLIPBAND
 SEEDS = range(1, 11)
 

@@ -4,21 +4,17 @@ stand-in recipe (no training)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from study_module import load_study
 
-REPO = Path(__file__).resolve().parents[1]
-if "study" not in sys.modules:  # benchmarks/study.py, as tests/test_study.py loads it
-    _spec = importlib.util.spec_from_file_location("study", REPO / "benchmarks" / "study.py")
-    sys.modules["study"] = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(sys.modules["study"])
-study = sys.modules["study"]
+from tepo_verl.report.runs import ENTROPY
+
+study = load_study()
 COLLAPSE = study.COLLAPSE
-ENTROPY = "tepo_verl/entropy_token_mean"
+
 VAL = "val-core/tepo_tiny_chain/acc/mean@1"
 STEPS = 3
 
