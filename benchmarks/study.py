@@ -258,16 +258,22 @@ COLLAPSE_BUDGET = 6  # calibration runs at most
 #: that never learned, as the 1e-3 probe, diverged rather than collapsed).
 COLLAPSE_SHARE = 0.5
 
+
+def collapse_arm(level: CollapseLevel, preset: str) -> str:
+    """The calibration arm's name: its level, then its preset (`lr3e-4-grpo`)."""
+    return f"{level.name}-{preset}"
+
+
 COLLAPSE = Study(
     name="cpu-chain-collapse-calibration",
     regime=CHAIN.regime,
     common_overrides=CHAIN.common_overrides,
-    arms=tuple(Arm(f"{level.name}-{preset}", preset, level.overrides, "calibration", level.why)
+    arms=tuple(Arm(collapse_arm(level, preset), preset, level.overrides, "calibration", level.why)
                for level in COLLAPSE_LEVELS for preset in COLLAPSE_ARMS),
     seeds={"calibration": (COLLAPSE_SEED,)},
     target=CHAIN.target,
     comparisons={"calibration": Comparison("calibration", "The calibration runs (seed 1; grpo and tepo_nomask only)",
-                                           reference=f"{COLLAPSE_LEVELS[0].name}-{COLLAPSE_ARMS[0]}")},
+                                           reference=collapse_arm(COLLAPSE_LEVELS[0], COLLAPSE_ARMS[0]))},
 )
 
 
@@ -444,7 +450,7 @@ def collapse_state(results: Path, steps: int) -> tuple[Run | None, list[Collapse
     checks: list[CollapseCheck] = []
     for level in COLLAPSE_LEVELS:
         for preset in COLLAPSE_ARMS:
-            run = Run(arms[f"{level.name}-{preset}"], COLLAPSE_SEED)
+            run = Run(arms[collapse_arm(level, preset)], COLLAPSE_SEED)
             if not finished(results / run.name, steps):
                 if len(checks) >= COLLAPSE_BUDGET:
                     return None, checks, (f"not reached: no level met the criterion within the budget of "
@@ -1135,22 +1141,16 @@ def main(argv: list[str] | None = None, log=print) -> int:
     except (StudyError, RunError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    if study is COLLAPSE:
-        try:
-            failed = calibrate(results, scratch, regime, steps, args, python, log)
-        except (StudyError, RunError) as error:
-            print(f"error: {error}", file=sys.stderr)
-            return 2
-    else:
-        failed = run_plan(todo, passed, runs, results, scratch, regime, args, python, log, study, waiting)
-    if failed:
-        log(f"[study] {len(failed)} failed runs (rerun the same command to retry them): {', '.join(failed)}")
-    if not args.no_compare:
-        try:
+    try:
+        failed = (calibrate(results, scratch, regime, steps, args, python, log) if study is COLLAPSE
+                  else run_plan(todo, passed, runs, results, scratch, regime, args, python, log, study, waiting))
+        if failed:
+            log(f"[study] {len(failed)} failed runs (rerun the same command to retry them): {', '.join(failed)}")
+        if not args.no_compare:
             write_page(args.results_root.resolve(), [study], args.page_file, python, log, plots=not args.no_plots)
-        except (StudyError, RunError) as error:
-            print(f"error: {error}", file=sys.stderr)
-            return 2
+    except (StudyError, RunError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     return 1 if failed else 0
 
 
