@@ -46,6 +46,9 @@ RECIPE_EXPORTS = ("TEPO_VERL_CPU", "VERL_PLATFORM", "VERL_ENGINE_DEVICE", "VLLM_
 #: (ray._private.services.resolve_ip_for_localhost), unless Ray runs as a single-node cluster, which this switch
 #: (meant for macOS and Windows) makes it: the head's node address is then 127.0.0.1 and every client connects there.
 LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+#: The start of the adapter's one-line precision warning (tepo_verl/verl_adapter/precision.py), as a run's console
+#: shows it when the loss gets log-probs too coarse for its clip range.
+PRECISION_WARNING = "[tepo-verl] WARNING: the actor's log-probs arrive in"
 
 
 def cpu_stack_problem() -> str | None:

@@ -13,7 +13,7 @@ Where the dtype comes from in verl 0.9.1 (read in its source unless marked measu
   (and `VERL_DISABLE_FLASH_ATTN_CE` unset) it returns that kernel's float32 log-probs; otherwise
   `logprobs_from_logits_v2` calls `F.log_softmax` on the bf16 logits. CUDA autocast runs `log_softmax` in float32
   (PyTorch's autocast op reference), so a GPU gets float32 log-probs on both paths. CPU autocast has no such rule:
-  the CPU mode gets bf16 (measured: torch 2.13's CPU autocast, and the warning in `tests/test_e2e_cpu.py`).
+  the CPU mode gets bf16 (measured: torch 2.13's CPU autocast, and the warning in `tests/test_e2e_legacy.py`).
 - Entropy: `entropy_from_logits` (softmax, then a product and a sum) comes out float32 under CUDA autocast by the
   same rule. With `use_fused_kernels` and the torch backend, `verl/utils/experimental/torch_functional.py`,
   `_fused_linear_for_ppo_fwd` returns float32 log-probs but casts the entropy back to the logits' dtype, bf16; the
