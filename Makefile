@@ -19,7 +19,8 @@
 # The oldest supported verl has its own environment and test leg (docs/testing.md):
 #
 #   make venv-090    set up .venv-090: torch, verl 0.9.0, the plugin and its lab (tools/verl-0.9.0-constraints.txt)
-#   make test-090    set up .venv-090 if needed, then the tests marked verl_090 on verl 0.9.0 (CI runs this too)
+#   make test-090    set up .venv-090 if needed, then the tests marked verl_090 on verl 0.9.0, on two workers (CI
+#                    runs this too)
 
 VENV ?= .venv
 PYTHON3 ?= python3
@@ -82,7 +83,7 @@ venv-090: $(STAMP_090)
 	@:
 
 test-090: $(STAMP_090)
-	@$(ACTIVATE_090) $(PY_090) -m pytest -m verl_090 $(PYTEST_ARGS)
+	@$(ACTIVATE_090) $(PY_090) -m pytest -m verl_090 $(XDIST) --durations=10 $(PYTEST_ARGS)
 
 $(STAMP_090): setup.py lab/setup.py $(CONSTRAINTS_090) tools/setup_stage.sh
 	@mkdir -p $(VENV_090) && : > $(VENV_090)/setup.log
