@@ -10,7 +10,7 @@ import sys
 import pytest
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
-from verl_config import actor_config, command_line_config, compose_config
+from verl_config import actor_config, actor_of, command_line_config, compose_config
 
 from tepo_verl.core.options import TepoOptions
 from tepo_verl.verl_adapter.checks import TepoConfigError, check_tepo_config
@@ -96,7 +96,7 @@ def test_presets_compose_with_the_defining_keys(name):
     for key, expected in PRESETS[name].items():
         assert OmegaConf.select(cfg, key) == expected, key
     check_tepo_config(cfg)  # every preset is a valid configuration
-    actor = actor_config([f"+algorithm={name}"])  # and verl builds its actor dataclass from it, as the workers do
+    actor = actor_of(cfg)  # and verl builds its actor dataclass from it, as the workers do
     assert actor.policy_loss.loss_mode == PRESETS[name]["actor_rollout_ref.actor.policy_loss.loss_mode"]
 
 
@@ -107,7 +107,7 @@ def test_dr_grpos_loss_scale_factor_follows_the_response_length():
     cfg = compose_config(overrides)
     assert OmegaConf.select(cfg, "actor_rollout_ref.actor.loss_scale_factor") == 3072
     assert OmegaConf.select(cfg, "critic.loss_scale_factor") == 3072
-    assert actor_config(overrides).loss_scale_factor == 3072
+    assert actor_of(cfg).loss_scale_factor == 3072
     assert actor_config(["+algorithm=grpo"]).loss_scale_factor is None  # verl's default; unread by other modes
 
 

@@ -384,13 +384,13 @@ def test_a_superseded_study_takes_no_new_runs(fake, capsys):
 def test_every_arm_composes_with_verl_and_sets_its_overrides(name):
     """Each arm's preset + overrides compose in verl's real config, and the actor dataclass carries them."""
     from omegaconf import OmegaConf
-    from verl_config import actor_config, compose_config
+    from verl_config import actor_of, compose_config
 
     chosen = study.STUDIES[name]
     for arm in study.study_arms(chosen, 10.0):
         overrides = [f"+algorithm={arm.preset}", *chosen.common_overrides, *arm.overrides]
         config = compose_config(overrides)
-        actor_config(overrides)  # verl validates the actor config (clip ranges, loss mode, the tepo block)
+        actor_of(config)  # verl validates the actor config (clip ranges, loss mode, the tepo block)
         for override in (*chosen.common_overrides, *arm.overrides):
             key, value = override.split("=", 1)
             node = OmegaConf.select(config, key.lstrip("+"))

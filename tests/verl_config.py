@@ -18,7 +18,12 @@ def compose_config(overrides=()):
 
 def actor_config(overrides=()):
     """verl's FSDPActorConfig, exactly as engine_workers builds it (omega_conf_to_dataclass of the actor node)."""
-    return omega_conf_to_dataclass(compose_config(overrides).actor_rollout_ref.actor)
+    return actor_of(compose_config(overrides))
+
+
+def actor_of(config):
+    """The actor dataclass of a config composed already (verl validates it as it builds it)."""
+    return omega_conf_to_dataclass(config.actor_rollout_ref.actor)
 
 
 def command_line_config(args, config_name="ppo_trainer"):
