@@ -13,6 +13,7 @@ import dataclasses
 import pytest
 import torch
 from batches import random_batch
+from conftest_e2e import PRECISION_WARNING
 from engine_batch import micro_batches, mini_batch, model_output
 from verl.utils.metric import Metric
 from verl.workers.utils import losses
@@ -49,7 +50,7 @@ def test_the_warning_names_the_dtype_the_clip_range_and_the_fix(dtype, low, high
     if not warns:
         assert message is None
         return
-    assert message.startswith("[tepo-verl] WARNING: the actor's log-probs arrive in " + str(dtype))
+    assert message.startswith(f"{PRECISION_WARNING} {dtype}")
     assert f"{low:g}/{high:g} of loss_mode=gspo" in message and f"{ratio_resolution(dtype):.1e}" in message
     assert "flash-attn" in message and all(override in message for override in FLOAT32_OVERRIDES)
     assert "\n" not in message
@@ -109,6 +110,6 @@ def test_the_adapter_warns_once_per_process_for_any_loss_mode(monkeypatch, capsy
             _loss(config, batch, dtype)
             batch.log_prob.grad = None
         err = capsys.readouterr().err
-        assert err.count("[tepo-verl] WARNING: the actor's log-probs arrive in") == expected, (mode, dtype, err)
+        assert err.count(PRECISION_WARNING) == expected, (mode, dtype, err)
         if expected:
             assert f"loss_mode={mode}" in err
