@@ -1,12 +1,18 @@
-"""benchmarks/step_cost.py: its interval and its arguments (its run in verl's real TrainingWorker is
-tests/test_e2e_step_cost.py)."""
+"""benchmarks/step_cost.py: its interval, its arguments, and one short run of its in-process engine mode in verl's
+real TrainingWorker."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
+import conftest_e2e
 import numpy as np
 import pytest
 
@@ -40,3 +46,20 @@ def test_step_cost_bad_arguments(argv, message, capsys):
         step_cost.main(argv)
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
 
+
+@pytest.mark.e2e
+def test_step_cost_engine_mode_runs_interleaved_updates_from_one_start(tmp_path):
+    """Two rounds of TEPO and GSPO updates in verl's real TrainingWorker (about 1-2 minutes on 2 cores)."""
+    conftest_e2e.require_cpu_stack()
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    with conftest_e2e.training_lock():
+        proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "step_cost.py"), "--presets", "tepo", "gspo",
+                               "--budget-s", "0", "--min-rounds", "2", "--out", str(tmp_path)],
+                              capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert re.fullmatch(r"update_actor tepo/gspo time=\d+\.\d{3} memory=\d+\.\d{3}", lines[-1]), lines[-1]
+    assert any("restoring the start: two updates from it agree to 0.0e+00" in line for line in lines)
+    record = json.loads((tmp_path / "step_cost_engine.json").read_text())
+    assert record["rounds"] == 2 and record["timed"] == "cpu"
+    assert all(len(record["per_update"][p]["cpu"]) == 2 for p in ("tepo", "gspo"))
