@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import fresh_python
 
 from tepo_lab.cpu import memory
 
@@ -35,7 +34,7 @@ def test_the_wrapped_train_mini_batch_keeps_verl_dispatch_attributes():
         "assert getattr(new, MAGIC_ATTR) == getattr(stock, MAGIC_ATTR)\n"
         "print('ok')\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    result = fresh_python.run(["-c", code])
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-3000:]
 
 

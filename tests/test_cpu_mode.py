@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 import types
 import zipfile
 
+import fresh_python
 import pytest
 from conftest_data import require_module, skip_or_fail
 
@@ -70,7 +70,7 @@ PROBE = textwrap.dedent(
 
 
 def _probe(env) -> dict:
-    proc = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=300)
+    proc = fresh_python.run(["-c", PROBE], env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("PROBE ")][-1]
     return json.loads(line[len("PROBE "):])
@@ -356,8 +356,7 @@ APPLIED = textwrap.dedent(
 @pytest.mark.verl_090
 def test_every_verl_fix_finds_its_target_in_the_installed_verl():
     """Each fix replaces something in its module of the installed verl (a renamed target would leave it unchanged)."""
-    result = subprocess.run([sys.executable, "-c", APPLIED, json.dumps(sorted(NEEDS_VLLM))], capture_output=True,
-                            text=True, timeout=300, env=_env())
+    result = fresh_python.run(["-c", APPLIED, json.dumps(sorted(NEEDS_VLLM))], env=_env())
     assert result.returncode == 0, result.stderr[-3000:]
     applied = json.loads([line for line in result.stdout.splitlines() if line.startswith("APPLIED ")][-1][8:])
     assert applied == {

@@ -8,11 +8,10 @@ keeps verl's module as it is), where verl 0.9.0 without the fix fails for want o
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 import types
 
+import fresh_python
 import pytest
 import torch
 from hypothesis import given, settings
@@ -121,7 +120,7 @@ PROBE = textwrap.dedent(
 
 
 def test_verl_removes_padding_without_flash_attn_once_fixed():
-    result = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=300)
+    result = fresh_python.run(["-c", PROBE])
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads([line for line in result.stdout.splitlines() if line.startswith("PROBE ")][-1][len("PROBE "):])
     hidden = torch.arange(12.0).view(2, 3, 2)  # as in PROBE

@@ -7,10 +7,9 @@ import importlib.util
 import json
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
+import fresh_python
 import pytest
 import torch
 
@@ -23,8 +22,8 @@ _spec.loader.exec_module(gpu_check)
 
 def test_gpu_check_runs_at_tiny_size_on_cpu(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--tiny", "--out", str(tmp_path)],
-                          capture_output=True, text=True, env=env, timeout=600)
+    proc = fresh_python.run([str(REPO / "benchmarks" / "gpu_check.py"), "--tiny", "--out", str(tmp_path)], env=env,
+                            timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     last = proc.stdout.strip().splitlines()[-1]
     match = re.fullmatch(r"gpu tepo/gspo time=(\d+\.\d{3}) memory=(\d+\.\d{3})", last)
@@ -86,8 +85,7 @@ def test_gpu_check_runs_where_verl_does_not_import(tmp_path):
     code = ("import runpy, sys; sys.modules['verl'] = None; "
             f"sys.argv = ['gpu_check.py', '--tiny', '--out', {str(tmp_path)!r}]; "
             f"runpy.run_path({str(REPO / 'benchmarks' / 'gpu_check.py')!r}, run_name='__main__')")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, PYTHONPATH=""), cwd=tmp_path)
+    proc = fresh_python.run(["-c", code], timeout=600, env=dict(os.environ, PYTHONPATH=""), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert re.fullmatch(r"gpu tepo/gspo time=\d+\.\d{3} memory=\d+\.\d{3}", proc.stdout.strip().splitlines()[-1])
     report = json.loads((tmp_path / "gpu_check.json").read_text())

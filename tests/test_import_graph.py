@@ -15,11 +15,10 @@ import ast
 import json
 import os
 import re
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
+import fresh_python
 from conftest_data import require_module, skip_or_fail
 
 REPO = Path(__file__).resolve().parents[1]
@@ -181,7 +180,7 @@ LOADED = ("tepo_verl.core.loss", "tepo_verl.core.mask", "tepo_verl.verl_adapter.
 def _import_verl(**env) -> dict:
     require_module("verl")
     full = {k: v for k, v in os.environ.items() if k not in ("TEPO_VERL_CPU", "VERL_USE_EXTERNAL_PLUGINS")} | env
-    proc = subprocess.run([sys.executable, "-c", PROBE], env=full, capture_output=True, text=True, timeout=300)
+    proc = fresh_python.run(["-c", PROBE], env=full)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads([line for line in proc.stdout.splitlines() if line.startswith("PROBE ")][-1][len("PROBE "):])
 

@@ -7,11 +7,10 @@ the driver in one line."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from importlib.resources import files
 
+import fresh_python
 import pytest
 import verl  # noqa: F401  (loads the plugin first, as in every verl process)
 from hydra import compose, initialize_config_module
@@ -38,8 +37,8 @@ def preset_keys(name: str) -> dict:
 
 
 def _cli(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo", *args], capture_output=True, text=True,
-                          timeout=600, cwd=cwd, env={k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"})
+    return fresh_python.run(["-m", "verl.trainer.main_ppo", *args], timeout=600, cwd=cwd,
+                            env={k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"})
 
 
 def megatron_config(overrides):

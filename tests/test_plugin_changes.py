@@ -14,11 +14,10 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import fresh_python
 import pytest
 from omegaconf import OmegaConf
 from plugin_changes_probe import SCENARIOS
@@ -76,8 +75,7 @@ def documented_conditions(text: str) -> set[str]:
 
 
 def _probe(scenario: str, spec: Path, out: Path, env: dict[str, str]) -> dict:
-    result = subprocess.run([sys.executable, str(PROBE), scenario, str(spec), str(out)], capture_output=True,
-                            text=True, timeout=900, env=env, cwd=REPO)
+    result = fresh_python.run([str(PROBE), scenario, str(spec), str(out)], timeout=900, env=env, cwd=REPO)
     assert result.returncode == 0, (scenario, result.stderr[-4000:])
     return json.loads(out.read_text())
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import subprocess
 import sys
 
+import fresh_python
 import pytest
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
@@ -86,8 +86,7 @@ DEFINING_KEYS = ["algorithm.adv_estimator", "actor_rollout_ref.actor.policy_loss
 
 
 def _cli(*args, env=None, cwd="/"):
-    return subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo", *args], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, **(env or {})}, cwd=cwd)
+    return fresh_python.run(["-m", "verl.trainer.main_ppo", *args], env={**os.environ, **(env or {})}, cwd=cwd)
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
@@ -276,8 +275,7 @@ def test_a_verl_command_on_verl_0_8_names_the_supported_range_in_one_line():
 # ------------------------------------------------------------------ plugin loading in a fresh process
 
 def _python(code, env=None):
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, **(env or {})}, cwd="/")
+    return fresh_python.run(["-c", code], env={**os.environ, **(env or {})}, cwd="/")
 
 
 def test_import_verl_alone_registers_tepo_in_a_fresh_process():

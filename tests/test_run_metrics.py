@@ -12,10 +12,9 @@ tokens), the agent-loop manager (records the prompts it is asked to generate) an
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import types
 
+import fresh_python
 import numpy as np
 import pytest
 import torch
@@ -113,7 +112,7 @@ _PROBE = (
 def test_import_verl_hooks_the_v1_trainer_only_when_the_run_asks_and_when_it_is_imported(flag, hooked):
     env = {k: v for k, v in os.environ.items() if k != run_metrics.ENV_FLAG}
     env |= {run_metrics.ENV_FLAG: flag} if flag else {}
-    result = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=300, env=env)
+    result = fresh_python.run(["-c", _PROBE], env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     # hooked; the post-import finder waited for the trainer module, and left once it had run
     assert result.stdout.split("\n")[-2] == f"{[hooked] * 4} {hooked} False"

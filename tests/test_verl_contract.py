@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import inspect
 import os
-import subprocess
-import sys
 from pathlib import Path
 
+import fresh_python
 import pytest
 import verl  # noqa: F401  (loads the plugin first, as in every verl process)
 from verl_copy import copy_of_verl, run_with_verl
@@ -385,8 +384,7 @@ def test_verl_plugins_off_says_so_instead_of_hydras_hint(tmp_path):
     regular install."""
     env = {**os.environ, "VERL_USE_EXTERNAL_PLUGINS": "none",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    result = subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo", "algorithm=tepo"], capture_output=True,
-                            text=True, timeout=300, env=env, cwd=tmp_path)
+    result = fresh_python.run(["-m", "verl.trainer.main_ppo", "algorithm=tepo"], env=env, cwd=tmp_path)
     assert result.returncode != 0
     assert "Could not override" not in result.stderr
     assert result.stderr.splitlines()[-1] == (

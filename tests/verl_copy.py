@@ -8,8 +8,9 @@ import importlib.util
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
+
+import fresh_python
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -39,5 +40,4 @@ def run_with_verl(root: Path, args: list[str], *, env: dict[str, str] | None = N
     repository and tests/; without TEPO_VERL_CONTRACT unless `env` sets it."""
     base = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "TEPO_VERL_CONTRACT")}
     path = os.pathsep.join(filter(None, [str(root), str(REPO), str(TESTS), os.environ.get("PYTHONPATH")]))
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd,
-                          env={**base, **(env or {}), "PYTHONPATH": path})
+    return fresh_python.run(args, timeout=timeout, cwd=cwd, env={**base, **(env or {}), "PYTHONPATH": path})
