@@ -19,6 +19,8 @@ data order and seeds (recipes/cpu.sh's SEED), so runs pair by seed.
 - `cpu-chain-clipband`: the clip band's arms (tepo and gspo at 3e-2/4e-2), beside the float32 study's runs.
 - `cpu-chain-collapse-calibration`: a search for a regime where entropy collapses, on grpo and tepo_nomask only:
   the runner picks each run from the finished ones by the calibration's procedure (collapse_state), not by seeds.
+- `cpu-chain-collapse`: does the mask prevent that collapse? tepo and tepo_nomask (10 seeds) and grpo (5) in the
+  regime the calibration met (calibrated_level), in its results folder; no arm exists before it has met one.
 - `cpu-scratchpad` (superseded, bf16 log-probs): the first study, kept for its committed runs; no new runs.
 
 Each finished run leaves, under benchmarks/results/<study>/<arm>-seed<k>/:
@@ -99,6 +101,10 @@ class Comparison:
     reference: str | None = None
 
 
+#: The plan's primary metric (docs/results.md, "Pre-registered analysis plan"), as `tepo-verl compare` names it.
+PRIMARY = "val_auc"
+
+
 @dataclasses.dataclass(frozen=True)
 class Contrast:
     """One planned contrast of a study's primary metric: `reference` minus `arm`, paired by seed."""
@@ -106,6 +112,7 @@ class Contrast:
     reference: str
     arm: str
     question: str  # what it answers, in a few words (the page's table)
+    metric: str = PRIMARY  # a column of compare_runs.csv, or a metric per_seed derives from them
 
 
 @dataclasses.dataclass(frozen=True)
@@ -277,6 +284,65 @@ COLLAPSE = Study(
 )
 
 
+# ------------------------------------- cpu-chain-collapse (does the mask prevent collapse? in the calibrated regime)
+
+#: The comparison's plan is in docs/results.md ("Where entropy collapses: does the mask prevent it?"), committed before
+#: the calibration's first run. Its arms take the level the calibration met (calibrated_level), so they exist only once
+#: it has; their names are the calibration's (`lr3e-4-tepo_nomask`), in its results folder, so that the calibration's
+#: seed-1 runs of grpo and tepo_nomask at that level are the comparison's seed 1 (the same command, the same seed).
+MASK_ARMS = ("tepo", "tepo_nomask")  # the primary comparison: the mask, and the same loss with mask_rule=off
+MASK_REFERENCE = "grpo"  # the token-ratio reference (secondary)
+#: The plan's primary metrics, as per_seed names them: the entropy kept (entropy_end / entropy_start) and the area
+#: under the validation curve.
+RETENTION = "entropy_retention"
+
+MASK_COLLAPSE = Study(
+    name="cpu-chain-collapse",
+    folder=COLLAPSE.results_name,
+    regime=CHAIN.regime,
+    common_overrides=CHAIN.common_overrides,
+    arms=(),  # the calibrated level's (mask_collapse_study); none before the calibration has met one
+    seeds={"collapse": tuple(range(1, 11)), "collapse-reference": (1, 2, 3, 4, 5)},
+    target=CHAIN.target,
+    comparisons={},
+)
+
+
+def calibrated_level(results: Path, steps: int) -> CollapseLevel | None:
+    """The level the calibration met (collapse_state's outcome): the first whose runs on every COLLAPSE_ARMS met the
+    criterion; None while there is none."""
+    for level in COLLAPSE_LEVELS:
+        folders = [results / Run(Arm(collapse_arm(level, preset), preset), COLLAPSE_SEED).name
+                   for preset in COLLAPSE_ARMS]
+        if all(finished(folder, steps) and collapse_check(folder, steps).met for folder in folders):
+            return level
+    return None
+
+
+def mask_collapse_study(level: CollapseLevel) -> Study:
+    """The comparison in the regime of `level`: tepo and tepo_nomask at 10 seeds, grpo at 5, with its contrasts."""
+    tepo, nomask, reference = (collapse_arm(level, preset) for preset in (*MASK_ARMS, MASK_REFERENCE))
+    arms = (Arm(tepo, "tepo", level.overrides, "collapse", f"the mask, at {level.name}"),
+            Arm(nomask, "tepo_nomask", level.overrides, "collapse", f"the mask off, at {level.name}"),
+            Arm(reference, MASK_REFERENCE, level.overrides, "collapse-reference", f"the reference, at {level.name}"))
+    return dataclasses.replace(
+        MASK_COLLAPSE, arms=arms,
+        comparisons={"collapse": Comparison("collapse", f"The mask where entropy collapses ({level.name}): tepo and "
+                                                        "tepo_nomask, with grpo beside them",
+                                            beside=(reference,), reference=tepo)},
+        contrasts=(Contrast(tepo, nomask, "does the mask keep the entropy up", RETENTION),
+                   Contrast(tepo, nomask, "does it learn better", PRIMARY)))
+
+
+def resolved(study: Study, results_root: Path) -> Study:
+    """`study` with the arms its results decide: the collapse comparison's from the calibrated level (unchanged
+    while the calibration has met none)."""
+    if study is not MASK_COLLAPSE:
+        return study
+    level = calibrated_level(results_root / study.results_name, int(study.regime["STEPS"]))
+    return study if level is None else mask_collapse_study(level)
+
+
 # ------------------------------------------------------------------------------ cpu-scratchpad (superseded, bf16)
 
 SCRATCHPAD = Study(
@@ -315,7 +381,7 @@ SCRATCHPAD = Study(
                "replaces it, and its committed runs stay for the page",
 )
 
-STUDIES = {study.name: study for study in (CHAIN, CLIPBAND, COLLAPSE, SCRATCHPAD)}
+STUDIES = {study.name: study for study in (CHAIN, CLIPBAND, COLLAPSE, MASK_COLLAPSE, SCRATCHPAD)}
 DEFAULT_STUDY = CHAIN.name
 
 
@@ -700,6 +766,9 @@ def group_runs(results: Path, study: Study) -> dict[str, tuple[Comparison, list[
     control comparison sets the dose arm of the selected coefficient beside the controls, as its reference)."""
     present = {p.name: p for p in sorted(results.iterdir()) if (p / "run.json").is_file()} if results.is_dir() else {}
 
+    if study is COLLAPSE:  # its arms' later seeds are the collapse comparison's, in the same folder
+        present = {name: path for name, path in present.items() if name.endswith(f"-seed{COLLAPSE_SEED}")}
+
     def folders(arm_names) -> list[Path]:
         return [path for path in present.values() if default_label(metrics_file(path)) in arm_names]
 
@@ -752,10 +821,6 @@ def rise_check(results: Path, study: Study) -> str | None:
     return (f"**The test bed's check** ({RISE_ARM}, {seeds} of {len(study.seeds['main'])} seeds): the seed-mean "
             f"validation accuracy is {at_from:.3f} at step {RISE_FROM} and {at_last:.3f} at step "
             f"{study.regime['STEPS']}, {at_last - at_from:+.3f}, which {verdict} the calibration's +{RISE_MIN:.2f}.")
-
-
-#: The plan's primary metric (docs/results.md, "Pre-registered analysis plan"), as `tepo-verl compare` names it.
-PRIMARY = "val_auc"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -917,23 +982,31 @@ class ContrastCall:
         return self.contrast.reference if self.mean > 0 else self.contrast.arm
 
 
+#: Metrics per_seed derives from compare_runs.csv's columns: the entropy kept, entropy_end over entropy_start.
+DERIVED = {RETENTION: lambda row: float(row["entropy_end"]) / float(row["entropy_start"])
+           if row["entropy_end"] and row["entropy_start"] else None}
+
+
 def per_seed(out: Path, metric: str = PRIMARY) -> dict[str, dict[int, float]]:
-    """arm -> seed -> `metric`, from a comparison's compare_runs.csv."""
+    """arm -> seed -> `metric` (a column of a comparison's compare_runs.csv, or one of DERIVED from its columns)."""
     values: dict[str, dict[int, float]] = {}
     for row in csv.DictReader((out / "compare_runs.csv").open(encoding="utf-8")):
-        if row[metric] and row["seed"]:
-            values.setdefault(row["algorithm"], {})[int(float(row["seed"]))] = float(row[metric])
+        value = DERIVED[metric](row) if metric in DERIVED else (float(row[metric]) if row[metric] else None)
+        if value is not None and row["seed"]:
+            values.setdefault(row["algorithm"], {})[int(float(row["seed"]))] = value
     return values
 
 
-def contrast_calls(values: dict[str, dict[int, float]], study: Study) -> list[ContrastCall]:
-    """Each of the study's contrasts over the seeds both arms ran, with Holm's rule over the family."""
+def contrast_calls(values: dict[str, dict[str, dict[int, float]]], study: Study) -> list[ContrastCall]:
+    """Each of the study's contrasts over the seeds both arms ran, with Holm's rule over the family; `values` is
+    metric -> arm -> seed -> value (per_seed)."""
     from tepo_verl.report.compare import bootstrap_ci, mean_of, sign_flip_p
 
     planned = len(next(iter(study.seeds.values())))
     parts = []
     for contrast in study.contrasts:
-        ref, arm = values.get(contrast.reference, {}), values.get(contrast.arm, {})
+        of_metric = values.get(contrast.metric, {})
+        ref, arm = of_metric.get(contrast.reference, {}), of_metric.get(contrast.arm, {})
         differences = tuple(ref[seed] - arm[seed] for seed in sorted(set(ref) & set(arm)))
         parts.append((contrast, differences, mean_of(differences), *bootstrap_ci(differences),
                       sign_flip_p(differences)))
@@ -949,19 +1022,25 @@ def clip_fractions(out: Path, arms) -> dict[str, float]:
     return {arm: sum(values[arm].values()) / len(values[arm]) for arm in arms if values.get(arm)}
 
 
+def contrast_text(call: ContrastCall) -> str:
+    """A call as the decisions quote it: the difference, its interval, p and the call."""
+    return (f"`{call.contrast.reference}` minus `{call.contrast.arm}`: {call.mean:+.4f} [{call.low:+.4f}, "
+            f"{call.high:+.4f}], p = {call.p:.3g}, {call.word}")
+
+
+def pending_line(calls: list[ContrastCall]) -> list[str]:
+    done = min(len(call.differences) for call in calls)
+    return [f"- **Pending**: {done} of {calls[0].planned} paired seeds in every contrast; the calls are made on all "
+            "of them at once (Holm's rule is over the family)."]
+
+
 def clip_band_decisions(calls: list[ContrastCall], values: dict[str, dict[int, float]],
                         fractions: dict[str, float]) -> list[str]:
     """The clip band plan's decision rule for each sequence-ratio loss, and its reading of TEPO against GSPO."""
     by_pair = {(c.contrast.reference, c.contrast.arm): c for c in calls}
-
-    def shown(call: ContrastCall) -> str:
-        return (f"`{call.contrast.reference}` minus `{call.contrast.arm}`: {call.mean:+.4f} [{call.low:+.4f}, "
-                f"{call.high:+.4f}], p = {call.p:.3g}, {call.word}")
-
+    shown = contrast_text
     if any(call.word == "pending" for call in calls):
-        done = min(len(call.differences) for call in calls)
-        return [f"- **Pending**: {done} of {calls[0].planned} paired seeds in every contrast; the calls are made "
-                "on all of them at once (Holm's rule is over the family)."]
+        return pending_line(calls)
     lines = []
     for loss in ("tepo", "gspo"):
         wide = f"{loss}-clip3e-2"
@@ -991,28 +1070,67 @@ def clip_band_decisions(calls: list[ContrastCall], values: dict[str, dict[int, f
     return lines
 
 
-def contrasts_section(compared: dict[str, tuple[Comparison, Path]], study: Study) -> list[str]:
-    """The page's manipulation check, table of the plan's contrasts and its decisions, for a study with contrasts."""
+def mask_collapse_decisions(calls: list[ContrastCall]) -> list[str]:
+    """The collapse comparison plan's decision rule on its two contrasts (entropy kept, then val_auc; `tepo` minus
+    `tepo_nomask`, so a positive difference is in the mask's favour)."""
+    if any(call.word == "pending" for call in calls):
+        return pending_line(calls)
+    keep, learn = calls
+    favours = {call: call.word == "supported" and call.mean > 0 for call in calls}
+    if learn.word == "supported" and learn.mean < 0:
+        verdict = "**The mask hurts learning there**"
+    elif favours[keep] and favours[learn]:
+        verdict = "**The mask prevents collapse and helps there**"
+    elif favours[keep] and learn.word == "null":
+        verdict = "**The mask keeps the entropy up without a measured gain**"
+    else:
+        verdict = "**The mask is not shown to change the collapse on this test bed**"
+    return [f"- {verdict}: entropy kept, {contrast_text(keep)}; {PRIMARY}, {contrast_text(learn)}.",
+            "- No preset value changes, whatever the calls: `docs/algorithm.md` quotes this line."]
+
+
+def collapsed_seeds(results: Path, study: Study) -> str:
+    """How many finished seeds of each arm meet the calibration's criterion (described, not tested)."""
+    steps = int(study.regime["STEPS"])
+    parts = []
+    for arm in study.arms:
+        folders = [results / Run(arm, seed).name for seed in study.seeds[arm.group]]
+        done = [folder for folder in folders if finished(folder, steps)]
+        met = sum(collapse_check(folder, steps).met for folder in done)
+        parts.append(f"`{arm.name}` {met} of {len(done)}")
+    return ("**The calibration's criterion on each finished seed** (entropy at the last step at most "
+            f"{COLLAPSE_SHARE:g} of the first step's, after learning): " + ", ".join(parts) + ".")
+
+
+def contrasts_section(compared: dict[str, tuple[Comparison, Path]], study: Study, results: Path) -> list[str]:
+    """The page's account of a study with contrasts: what it describes (the clip band's manipulation check, the
+    collapse comparison's criterion per seed), the table of the plan's contrasts, and its decisions."""
     (_, out), = compared.values()
-    values = per_seed(out)
-    arms = [arm.name for arm in study.arms]
-    fractions = clip_fractions(out, arms)
+    values = {contrast.metric: per_seed(out, contrast.metric) for contrast in study.contrasts}
     calls = contrast_calls(values, study)
-    lines = ["**The manipulation check** (seed-mean clip fraction, `actor/pg_clipfrac` over the steps; the wide band "
-             f"unbinds an arm below {UNBOUND_CLIP_FRACTION}): "
-             + ", ".join(f"`{arm}` {fractions[arm]:.4f} over {len(values[arm])} seeds" for arm in arms
-                         if arm in fractions) + ".", "",
-             f"**The plan's contrasts** on the primary metric ({PRIMARY}, reference minus arm, paired by seed; p "
-             f"unadjusted, the call by Holm's rule over the {len(calls)} contrasts at {CONTRAST_ALPHA} and an "
-             "interval that excludes 0; pending until every contrast has its planned pairs):", "",
-             "| question | reference | arm | pairs | mean difference | 95% interval | p | Holm | call | ahead |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    if study.name == CLIPBAND.name:
+        arms = [arm.name for arm in study.arms]
+        fractions = clip_fractions(out, arms)
+        head = ("**The manipulation check** (seed-mean clip fraction, `actor/pg_clipfrac` over the steps; the wide "
+                f"band unbinds an arm below {UNBOUND_CLIP_FRACTION}): "
+                + ", ".join(f"`{arm}` {fractions[arm]:.4f} over {len(values[PRIMARY][arm])} seeds" for arm in arms
+                            if arm in fractions) + ".")
+        decisions = clip_band_decisions(calls, values[PRIMARY], fractions)
+    else:
+        head, decisions = collapsed_seeds(results, study), mask_collapse_decisions(calls)
+    lines = [head, "",
+             "**The plan's contrasts** (reference minus arm, paired by seed; p unadjusted, the call by Holm's rule "
+             f"over the {len(calls)} contrasts at {CONTRAST_ALPHA} and an interval that excludes 0; pending until "
+             "every contrast has its planned pairs):", "",
+             "| question | metric | reference | arm | pairs | mean difference | 95% interval | p | Holm | call | "
+             "ahead |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for call in calls:
         interval = "nan" if math.isnan(call.low) else f"[{call.low:+.4f}, {call.high:+.4f}]"
-        lines.append(f"| {call.contrast.question} | {call.contrast.reference} | {call.contrast.arm} | "
-                     f"{len(call.differences)} of {call.planned} | {call.mean:+.4f} | {interval} | {call.p:.3g} | "
-                     f"{'rejects' if call.holm else '-'} | {call.word} | {call.ahead} |")
-    return [*lines, "", "**The plan's decisions**:", "", *clip_band_decisions(calls, values, fractions), ""]
+        lines.append(f"| {call.contrast.question} | {call.contrast.metric} | {call.contrast.reference} | "
+                     f"{call.contrast.arm} | {len(call.differences)} of {call.planned} | {call.mean:+.4f} | "
+                     f"{interval} | {call.p:.3g} | {'rejects' if call.holm else '-'} | {call.word} | {call.ahead} |")
+    return [*lines, "", "**The plan's decisions**:", "", *decisions, ""]
 
 
 def page_section(compared: dict[str, tuple[Comparison, Path]], page: Path, study: Study, results: Path) -> str:
@@ -1025,7 +1143,7 @@ def page_section(compared: dict[str, tuple[Comparison, Path]], page: Path, study
     if study is CHAIN and compared:
         lines += calls_section(plan_calls(compared, study))
     if study.contrasts and compared:
-        lines += contrasts_section(compared, study)
+        lines += contrasts_section(compared, study, results)
     if study is COLLAPSE:
         lines += collapse_section(results, int(study.regime["STEPS"]))
     for name, (comparison, out) in compared.items():
@@ -1040,7 +1158,7 @@ def write_page(results_root: Path, studies: list[Study], page: Path, python: str
     """Regenerate each study's comparisons and splice them into `page` between its markers (a study with no
     finished run keeps what the page has there)."""
     text = page.read_text(encoding="utf-8")
-    for study in studies:
+    for study in (resolved(study, results_root) for study in studies):
         if study.page_begin not in text or study.page_end not in text:
             raise StudyError(f"{page} has no markers for study {study.name}: add the lines {study.page_begin!r} "
                              f"and {study.page_end!r}")
@@ -1090,6 +1208,7 @@ def main(argv: list[str] | None = None, log=print) -> int:
     study = STUDIES[args.study]
     python = os.environ.get("PYTHON") or sys.executable
     try:
+        study = resolved(study, args.results_root.resolve())
         if args.page:
             write_page(args.results_root.resolve(), list(STUDIES.values()), args.page_file, python, log,
                        plots=not args.no_plots)
@@ -1100,6 +1219,13 @@ def main(argv: list[str] | None = None, log=print) -> int:
         regime = {**study.regime, "STEPS": str(steps)}
         results = (args.results_root / study.results_name).resolve()
         scratch = (args.scratch_root / study.results_name).resolve()
+        if study is MASK_COLLAPSE:  # not resolved: the calibration has met no level
+            state = collapse_state(results, steps)[2]
+            if not args.list:
+                raise StudyError(f"study {study.name} runs in the regime the collapse calibration finds, and it has "
+                                 f"found none: {state} (python benchmarks/study.py --study {COLLAPSE.name})")
+            log(f"study {study.name}: no arms yet; they take the level the collapse calibration meets ({state})")
+            return 0
         coef = control_coef(results, steps) if study is CHAIN else None
         groups = [*study.seeds]
         arms = select_arms(args.arms, study_arms(study, coef) if coef is not None or study is not CHAIN

@@ -231,7 +231,7 @@ def test_the_page_states_the_test_beds_check_on_grpos_seed_mean(tmp_path, gain, 
 
 @pytest.mark.parametrize("name", list(study.STUDIES))
 def test_the_committed_results_page_is_what_the_committed_runs_give(tmp_path, name):
-    chosen = study.STUDIES[name]
+    chosen = study.resolved(study.STUDIES[name], REPO / "benchmarks" / "results")
     results = REPO / "benchmarks" / "results" / chosen.results_name
     page = REPO / "docs" / "results.md"
     if not study.group_runs(results, chosen):
@@ -387,7 +387,10 @@ def test_every_arm_composes_with_verl_and_sets_its_overrides(name):
     from verl_config import actor_of, compose_config
 
     chosen = study.STUDIES[name]
-    for arm in study.study_arms(chosen, 10.0):
+    # the collapse comparison's arms at each level the calibration may meet
+    every = ([study.mask_collapse_study(level) for level in study.COLLAPSE_LEVELS] if chosen is study.MASK_COLLAPSE
+             else [chosen])
+    for arm in (arm for one in every for arm in study.study_arms(one, 10.0)):
         overrides = [f"+algorithm={arm.preset}", *chosen.common_overrides, *arm.overrides]
         config = compose_config(overrides)
         actor_of(config)  # verl validates the actor config (clip ranges, loss mode, the tepo block)

@@ -58,7 +58,7 @@ def values(**means: float) -> dict[str, dict[int, float]]:
 
 
 def calls_of(v):
-    return {(c.contrast.reference, c.contrast.arm): c for c in study.contrast_calls(v, CLIPBAND)}
+    return {(c.contrast.reference, c.contrast.arm): c for c in study.contrast_calls({study.PRIMARY: v}, CLIPBAND)}
 
 
 def test_a_contrast_is_pending_until_every_contrast_has_its_ten_pairs():
@@ -89,7 +89,7 @@ def test_calls_follow_the_sign_flip_p_holm_and_the_interval():
 ])
 def test_the_decision_rule(wide_tepo, expected):
     v = values(tepo=0.25, gspo=0.25, grpo=0.27, **{"tepo-clip3e-2": wide_tepo, "gspo-clip3e-2": 0.25})
-    lines = study.clip_band_decisions(study.contrast_calls(v, CLIPBAND), v, {"tepo-clip3e-2": 0.01})
+    lines = study.clip_band_decisions(study.contrast_calls({study.PRIMARY: v}, CLIPBAND), v, {"tepo-clip3e-2": 0.01})
     tepo_line = next(line for line in lines if "`tepo`" in line and "at 3e-4" in line)
     assert tepo_line.startswith(f"- **{expected}**") and "(the wide band unbound it)" in tepo_line, tepo_line
     gap = sum(v["grpo"][s] - v["tepo"][s] for s in SEEDS) / 10

@@ -17,6 +17,7 @@ COLLAPSE = study.COLLAPSE
 
 VAL = "val-core/tepo_tiny_chain/acc/mean@1"
 STEPS = 3
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _run(results: Path, name: str, entropy: list[float], accuracy: list[float]) -> None:
@@ -95,8 +96,8 @@ echo "$ALGO $*" >> "$FAKE_LOG"
 share=1.0; if [[ "$*" == *"$FAKE_COLLAPSE_ARG"* ]]; then share=0.5; fi
 echo "{\"step\": 0, \"data\": {\"VAL\": 0.2}}" >> "$RUN_DIR/metrics.jsonl"
 for ((step = 1; step <= STEPS; step++)); do
-  h=$(python -c "print(0.2 * (1 - (1 - $share) * ($step - 1) / max(1, $STEPS - 1)))")
-  acc=$(python -c "print(0.2 + 0.05 * $step)")
+  h=$(awk "BEGIN { print 0.2 * (1 - (1 - $share) * ($step - 1) / ($STEPS > 1 ? $STEPS - 1 : 1)) }")
+  acc=$(awk "BEGIN { print 0.2 + 0.05 * $step }")
   echo "{\"step\": $step, \"data\": {\"ENTROPY\": $h, \"VAL\": $acc}}" >> "$RUN_DIR/metrics.jsonl"
 done
 """.replace("ENTROPY", ENTROPY).replace("VAL", VAL)
@@ -137,3 +138,133 @@ def test_the_calibration_takes_no_arm_or_seed_choice(capsys):
     assert study.main(["--study", COLLAPSE.name, "--seeds", "2", "--list"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "chooses its runs by its procedure" in err and "--seeds 2" in err
+
+
+# ---- the comparison in the calibrated regime (MASK_COLLAPSE) -------------------------------------------------------
+
+MASK_COLLAPSE = study.MASK_COLLAPSE
+
+
+def _calibrated(results: Path) -> None:
+    """Calibration runs whose procedure ends at epochs4 (lr3e-4 missed on grpo)."""
+    _run(results, "lr3e-4-grpo-seed1", KEPT, LEARNED)
+    _run(results, "epochs4-grpo-seed1", COLLAPSED, LEARNED)
+    _run(results, "epochs4-tepo_nomask-seed1", COLLAPSED, LEARNED)
+
+
+def test_the_comparison_has_no_arm_until_the_calibration_meets_a_level(tmp_path, capsys):
+    _run(tmp_path, "lr3e-4-grpo-seed1", KEPT, LEARNED)
+    _run(tmp_path, "epochs4-grpo-seed1", COLLAPSED, LEARNED)
+    assert study.calibrated_level(tmp_path, STEPS) is None
+    _run(tmp_path, "epochs4-tepo_nomask-seed1", COLLAPSED, NEVER_LEARNED)  # tepo_nomask diverged: not met
+    assert study.calibrated_level(tmp_path, STEPS) is None
+    # with nothing calibrated the runner refuses in one line naming where the calibration stands
+    assert study.main(["--study", MASK_COLLAPSE.name, "--results-root", str(tmp_path / "empty")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "has found none: in progress, 0 of at most 6 runs" in err
+    assert study.main(["--study", MASK_COLLAPSE.name, "--results-root", str(tmp_path / "empty"), "--list"]) == 0
+
+
+def test_the_comparison_runs_in_the_met_level_and_shares_the_calibrations_seed_1(tmp_path):
+    _calibrated(tmp_path)
+    level = study.calibrated_level(tmp_path, STEPS)
+    assert level.name == "epochs4"
+    compared = study.mask_collapse_study(level)
+    assert {arm.name: (arm.preset, arm.overrides, compared.seeds[arm.group]) for arm in compared.arms} == {
+        "epochs4-tepo": ("tepo", level.overrides, tuple(range(1, 11))),
+        "epochs4-tepo_nomask": ("tepo_nomask", level.overrides, tuple(range(1, 11))),
+        "epochs4-grpo": ("grpo", level.overrides, (1, 2, 3, 4, 5))}
+    assert compared.results_name == COLLAPSE.results_name and compared.regime == study.CHAIN.regime
+    # the calibration's seed-1 run is the comparison's: the same folder and the same command
+    calibration_arm = next(arm for arm in COLLAPSE.arms if arm.name == "epochs4-grpo")
+    comparison_arm = next(arm for arm in compared.arms if arm.name == "epochs4-grpo")
+    recipe = Path("recipes/cpu.sh")
+    assert (study.command_for(study.Run(calibration_arm, 1), COLLAPSE.regime, recipe, COLLAPSE)
+            == study.command_for(study.Run(comparison_arm, 1), compared.regime, recipe, compared))
+    runs = study.plan(list(compared.arms), None, compared)  # seed-major
+    assert [(run.arm.name, run.seed) for run in runs[:4]] == [
+        ("epochs4-tepo", 1), ("epochs4-tepo_nomask", 1), ("epochs4-grpo", 1), ("epochs4-tepo", 2)]
+    assert len(runs) == 25 and [run.name for run in runs if study.finished(tmp_path / run.name, STEPS)] == [
+        "epochs4-tepo_nomask-seed1", "epochs4-grpo-seed1"]
+    assert [(c.reference, c.arm, c.metric) for c in compared.contrasts] == [
+        ("epochs4-tepo", "epochs4-tepo_nomask", study.RETENTION), ("epochs4-tepo", "epochs4-tepo_nomask", "val_auc")]
+
+
+def test_entropy_retention_is_the_last_steps_entropy_over_the_firsts(tmp_path):
+    header = "algorithm,seed,entropy_start,entropy_end,val_auc\n"
+    (tmp_path / "compare_runs.csv").write_text(header + "a,1,0.2,0.05,0.3\na,2,0.25,0.2,0.31\nb,1,,,0.2\n")
+    assert study.per_seed(tmp_path, study.RETENTION) == {"a": {1: 0.25, 2: 0.8}}
+    assert study.per_seed(tmp_path) == {"a": {1: 0.3, 2: 0.31}, "b": {1: 0.2}}
+
+
+SEEDS = range(1, 11)
+UP, MIXED, DOWN = [0.1] * 10, [0.1, -0.1] * 5, [-0.1] * 10
+
+
+@pytest.mark.parametrize("keep, learn, verdict", [
+    (UP, UP, "The mask prevents collapse and helps there"),
+    (UP, MIXED, "The mask keeps the entropy up without a measured gain"),
+    (UP, DOWN, "The mask hurts learning there"),
+    (MIXED, DOWN, "The mask hurts learning there"),
+    (MIXED, UP, "The mask is not shown to change the collapse on this test bed"),
+    (DOWN, MIXED, "The mask is not shown to change the collapse on this test bed"),
+    (MIXED, MIXED, "The mask is not shown to change the collapse on this test bed"),
+])
+def test_the_decision_rule(keep, learn, verdict):
+    compared = study.mask_collapse_study(study.COLLAPSE_LEVELS[0])
+    tepo, nomask = compared.contrasts[0].reference, compared.contrasts[0].arm
+    values = {study.RETENTION: {tepo: {s: 0.5 + d for s, d in enumerate(keep, 1)}, nomask: dict.fromkeys(SEEDS, 0.5)},
+              "val_auc": {tepo: {s: 0.3 + d for s, d in enumerate(learn, 1)}, nomask: dict.fromkeys(SEEDS, 0.3)}}
+    calls = study.contrast_calls(values, compared)
+    assert [call.planned for call in calls] == [10, 10]
+    # ten seeds of one sign: exact sign-flip p = 2 / 2**10, which Holm's rule over two rejects
+    assert all(call.word == ("supported" if len(set(diffs)) == 1 else "null")
+               for call, diffs in zip(calls, (keep, learn), strict=True))
+    lines = study.mask_collapse_decisions(calls)
+    assert lines[0].startswith(f"- **{verdict}**: entropy kept, `{tepo}` minus `{nomask}`: ")
+    pending = {metric: {arm: dict(list(seeds.items())[:9]) for arm, seeds in of.items()}
+               for metric, of in values.items()}
+    assert study.mask_collapse_decisions(study.contrast_calls(pending, compared))[0].startswith(
+        "- **Pending**: 9 of 10 paired seeds")
+
+
+
+def test_the_page_states_the_plan_the_code_applies():
+    page = " ".join((REPO / "docs" / "results.md").read_text(encoding="utf-8").split())
+    plan = page.split("## Where entropy collapses: does the mask prevent it?")[1].split("### Results")[0]
+    assert "`tepo` and `tepo_nomask` (the mask ablation: the same loss with `mask_rule=off`), 10 seeds each" in plan
+    assert "`grpo`, 5 seeds (1-5)" in plan
+    assert ("1. on entropy retention: does the mask keep the entropy up; 2. on `val_auc`: does it learn better."
+            in plan)
+    assert (f"the smaller p at most {study.CONTRAST_ALPHA / 2:g}, the other then at most {study.CONTRAST_ALPHA:g}"
+            in plan)
+    compared = study.mask_collapse_study(study.COLLAPSE_LEVELS[0])
+    assert [c.question for c in compared.contrasts] == ["does the mask keep the entropy up", "does it learn better"]
+    assert (MASK_COLLAPSE.page_begin in page) and (MASK_COLLAPSE.page_end in page)
+
+
+def test_the_runner_runs_the_comparison_from_the_calibrated_level_and_the_page_calls_it(tmp_path, monkeypatch):
+    """The calibration's runs (by the stand-in recipe, epochs4 collapses), then the comparison's other 23 runs and
+    its page section: tepo and tepo_nomask identical under the stand-in, so both contrasts are nulls."""
+    recipe, log, page = tmp_path / "fake.sh", tmp_path / "calls.log", tmp_path / "page.md"
+    recipe.write_text(FAKE)
+    page.write_text(f"{MASK_COLLAPSE.page_begin}\nNo run yet.\n{MASK_COLLAPSE.page_end}\n")
+    monkeypatch.setenv("FAKE_LOG", str(log))
+    monkeypatch.setenv("FAKE_COLLAPSE_ARG", "ppo_epochs=4")
+    for name in ("COLLAPSE", "MASK_COLLAPSE"):
+        short = study.dataclasses.replace(getattr(study, name), regime={**COLLAPSE.regime, "STEPS": str(STEPS)})
+        monkeypatch.setattr(study, name, short)
+        monkeypatch.setitem(study.STUDIES, short.name, short)
+    common = ["--results-root", str(tmp_path / "results"), "--scratch-root", str(tmp_path / "scratch"),
+              "--recipe", str(recipe), "--page-file", str(page), "--no-plots"]
+    assert study.main(["--study", COLLAPSE.name, "--no-compare", *common], log=lambda *_: None) == 0
+    assert study.main(["--study", MASK_COLLAPSE.name, *common], log=lambda *_: None) == 0
+    calls = [line.split(" ", 1)[0] for line in log.read_text().splitlines()]
+    assert len(calls) == 3 + 23 and sorted(calls[3:]) == ["grpo"] * 4 + ["tepo"] * 10 + ["tepo_nomask"] * 9
+    text = page.read_text()
+    assert ("**The calibration's criterion on each finished seed** (entropy at the last step at most 0.5 of the "
+            "first step's, after learning): `epochs4-tepo` 10 of 10, `epochs4-tepo_nomask` 10 of 10, "
+            "`epochs4-grpo` 5 of 5.") in text
+    assert "| does the mask keep the entropy up | entropy_retention | epochs4-tepo | epochs4-tepo_nomask | 10 of 10 |" \
+           in text
+    assert "- **The mask is not shown to change the collapse on this test bed**: entropy kept, " in text
