@@ -158,9 +158,10 @@ def supervised_warm_up(model, spec, next_batch: Callable[[], tuple], log, name: 
 def generate(model, tok, questions: list[str], temperature: float, seed: int,
              max_new_tokens: int) -> tuple[list[list[int]], float]:
     """Decode every question in one left-padded batch (greedy when temperature == 0, else sampled with a seeded
-    generator). Returns the response token ids (up to and without the end of turn) and, for greedy decoding, the
-    smallest gap between the top two logits over every token chosen (inf when sampling): a gap far above float
-    rounding means a last-bit difference in the logits cannot change any greedy choice."""
+    generator), with the KV cache: the prompt in one forward pass, then one token per sequence a step. Returns the
+    response token ids (up to and without the end of turn) and, for greedy decoding, the smallest gap between the
+    top two logits over every token chosen (inf when sampling): a gap far above float rounding means a last-bit
+    difference in the logits (from another CPU, or from the cache's shapes) cannot change any greedy choice."""
     import torch
 
     eos_id = tok.convert_tokens_to_ids(tiny_tokenizer.EOS_TOKEN)
@@ -177,10 +178,12 @@ def generate(model, tok, questions: list[str], temperature: float, seed: int,
     out: list[list[int]] = [[] for _ in prompts]
     margin = float("inf")
     model.eval()
+    step_ids, positions, cache = ids, (mask.cumsum(-1) - 1).clamp(min=0), None  # [B, width] each, then [B, 1]
     with torch.no_grad():
         for _ in range(max_new_tokens):
-            positions = (mask.cumsum(-1) - 1).clamp(min=0)
-            logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -1].float()
+            output = model(input_ids=step_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                           use_cache=True)
+            cache, logits = output.past_key_values, output.logits[:, -1].float()  # logits: [B, vocab]
             if temperature > 0:
                 probs = torch.softmax(logits / temperature, dim=-1)
                 nxt = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
@@ -196,7 +199,7 @@ def generate(model, tok, questions: list[str], temperature: float, seed: int,
                         done[i] = True
                     else:
                         out[i].append(token)
-            ids = torch.cat([ids, nxt[:, None]], dim=1)
+            step_ids, positions = nxt[:, None], positions[:, -1:] + 1
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
             if bool(done.all()):
                 break
