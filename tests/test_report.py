@@ -309,8 +309,8 @@ def test_command_writes_tables_csv_and_plots(runs_dir, tmp_path, capsys):
     # grpo pairs seeds 1 and 2, dapo seed 2 only: the sentence gives the floor of each pair count
     assert ("(with 1 pair there is no test: p is nan, with 2 pairs the smallest possible p is 0.5; with few seeds"
             in written)
-    for name in ("val_accuracy", "reward", "entropy", "kl_mask_fraction", "masked_kl", "mask_share_positive",
-                 "penalty_strength"):
+    for name in ("val_accuracy", "reward", "entropy", "clip_fraction", "kl_mask_fraction", "masked_kl",
+                 "mask_share_positive", "penalty_strength"):
         assert (out / f"{name}.png").stat().st_size > 1000
 
 

@@ -51,6 +51,7 @@ PLOTS = {
     "val_accuracy": ("validation accuracy", Run.val_accuracy),
     "reward": ("training reward (critic/score/mean)", lambda run: run.series(REWARD)),
     "entropy": ("old-policy entropy, token-mean (tepo_verl/entropy_token_mean)", lambda run: run.series(ENTROPY)),
+    "clip_fraction": ("clipped share of the tokens (actor/pg_clipfrac)", lambda run: run.series(CLIP_FRAC)),
     "kl_mask_fraction": ("TEPO KL-mask fraction (actor/tepo/mask_frac)", lambda run: run.series(MASK_FRAC)),
     "masked_kl": ("TEPO masked KL (actor/tepo/masked_kl_mean)", lambda run: run.series(MASKED_KL)),
     "mask_share_positive": ("TEPO: share of positive-advantage tokens masked (actor/tepo/mask_frac_positive)",
