@@ -303,8 +303,8 @@ def test_the_readme_and_the_results_page_quote_the_two_primary_comparisons():
     assert 0.2 < sequence.clip_fraction.min() and sequence.clip_fraction.max() < 0.3
     assert token.clip_fraction.max() < 0.01
     assert ("TEPO and GSPO ran at GSPO's 3e-4/4e-4 band, which clipped about a quarter of their tokens (GRPO and "
-            "DAPO: under 1%), so the study cannot tell whether the sequence ratio or its clip band held them back"
-            ) in texts["README.md"]
+            "DAPO: under 1%), so the study cannot tell whether the sequence ratio or its clip band held them back. "
+            "A second pre-registered study widened that band") in texts["README.md"]
     section = conclusion()
     for arm in ("tepo_nomask", "gspo"):
         higher = sum(runs.loc[("tepo", k)].val_auc > runs.loc[(arm, k)].val_auc for k in range(1, 11))
@@ -391,3 +391,30 @@ def test_assert_cell_fails_on_a_wrong_number(cell, values, ok):
     else:
         with pytest.raises(AssertionError):
             assert_cell(cell, *values)
+
+
+def clip_band_calls() -> tuple[dict[tuple[str, str], object], object]:
+    """The clip band plan's calls as the committed runs give them, by (reference, arm), and the study module."""
+    study = load_study()
+    values = {study.PRIMARY: study.per_seed(CHAIN_COMPARE / "clipband")}
+    return {(c.contrast.reference, c.contrast.arm): c for c in study.contrast_calls(values, study.CLIPBAND)}, study
+
+
+def test_the_clip_band_calls_are_quoted_where_the_plan_says():
+    """The plan: the documentation of the tepo, tepo_nomask and gspo presets quotes the decision lines with their
+    intervals; the README's summary and the page's conclusion carry them too."""
+    calls, study = clip_band_calls()
+    assert all(call.word != "pending" for call in calls.values())
+    widening = [calls[("tepo-clip3e-2", "tepo")], calls[("gspo-clip3e-2", "gspo")]]
+    assert all(call.word == "supported" and call.mean < 0 for call in widening)  # what every quote says: it hurt
+    texts = {path.name: " ".join(path.read_text(encoding="utf-8").split())
+             for path in (REPO / "README.md", ALGORITHM, REPO / "docs" / "presets.md", PAGE)}
+    for name, text in texts.items():
+        for call in widening:
+            assert study.contrast_text(call) in text, (name, study.contrast_text(call))
+    section = texts["algorithm.md"].split("### What the clip band study says about the clip range")[1]
+    for pair in (("grpo", "tepo-clip3e-2"), ("grpo", "gspo-clip3e-2"), ("tepo-clip3e-2", "gspo-clip3e-2")):
+        assert study.contrast_text(calls[pair]) in section, pair
+    fractions = study.clip_fractions(CHAIN_COMPARE / "clipband", ["tepo-clip3e-2", "gspo-clip3e-2"])
+    assert (f"seed-mean clip fraction {fractions['tepo-clip3e-2']:.3f} for `tepo`, "
+            f"{fractions['gspo-clip3e-2']:.3f} for `gspo`") in section
