@@ -309,14 +309,13 @@ MASK_COLLAPSE = Study(
 
 
 def calibrated_level(results: Path, steps: int) -> CollapseLevel | None:
-    """The level the calibration met (collapse_state's outcome): the first whose runs on every COLLAPSE_ARMS met the
-    criterion; None while there is none."""
-    for level in COLLAPSE_LEVELS:
-        folders = [results / Run(Arm(collapse_arm(level, preset), preset), COLLAPSE_SEED).name
-                   for preset in COLLAPSE_ARMS]
-        if all(finished(folder, steps) and collapse_check(folder, steps).met for folder in folders):
-            return level
-    return None
+    """The level the calibration met, as its procedure (collapse_state) walked the finished runs: the one whose runs
+    on every COLLAPSE_ARMS met the criterion; None while there is none."""
+    met = {check.run for check in collapse_state(results, steps)[1] if check.met}
+    return next((level for level in COLLAPSE_LEVELS
+                 if all(Run(Arm(collapse_arm(level, preset), preset), COLLAPSE_SEED).name in met
+                        for preset in COLLAPSE_ARMS)),
+                None)
 
 
 def mask_collapse_study(level: CollapseLevel) -> Study:
@@ -1038,7 +1037,6 @@ def clip_band_decisions(calls: list[ContrastCall], values: dict[str, dict[int, f
                         fractions: dict[str, float]) -> list[str]:
     """The clip band plan's decision rule for each sequence-ratio loss, and its reading of TEPO against GSPO."""
     by_pair = {(c.contrast.reference, c.contrast.arm): c for c in calls}
-    shown = contrast_text
     if any(call.word == "pending" for call in calls):
         return pending_line(calls)
     lines = []
@@ -1060,10 +1058,10 @@ def clip_band_decisions(calls: list[ContrastCall], values: dict[str, dict[int, f
             verdict = f"**Widening the band hurts `{loss}`**"
         else:
             verdict = f"**Widening the band is not shown to help `{loss}`**"
-        lines.append(f"- {verdict} ({band}): {shown(widening)}; {shown(lead)}, against "
+        lines.append(f"- {verdict} ({band}): {contrast_text(widening)}; {contrast_text(lead)}, against "
                      f"today's gap of {gap:+.4f} (`grpo` minus `{loss}` at 3e-4/4e-4, half of it {gap / 2:+.4f}).")
     versus = by_pair[("tepo-clip3e-2", "gspo-clip3e-2")]
-    lines.append(f"- **TEPO against GSPO at the wide band** ({shown(versus)}): "
+    lines.append(f"- **TEPO against GSPO at the wide band** ({contrast_text(versus)}): "
                  + (f"`{versus.ahead}` ahead." if versus.word == "supported" else "not shown to differ."))
     lines.append("- No preset value changes, whatever the calls: the documentation of the `tepo`, `tepo_nomask` and "
                  "`gspo` presets quotes these lines.")
