@@ -16,6 +16,7 @@ subject is one of these, or that blocks one of them from importing, keeps `subpr
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import runpy
@@ -25,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import traceback
 import types
 from pathlib import Path
@@ -34,6 +36,7 @@ PRELOADED = ("torch", "tensordict", "numpy", "transformers")
 
 _lock = threading.Lock()  # one call at a time through the server
 _server: subprocess.Popen | None = None
+_replies: _Replies | None = None
 _site_path: dict[tuple, list[str]] = {}
 
 
@@ -84,6 +87,8 @@ def _child(request: dict) -> None:
     try:
         code = _become(**request)
         atexit._run_exitfuncs()
+    except BaseException:  # noqa: BLE001 (a failure in the set-up itself: said on the child's stderr, not lost)
+        traceback.print_exc()
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -92,7 +97,7 @@ def _child(request: dict) -> None:
 
 def serve() -> None:
     """The server: import PRELOADED, say so, then for each request line fork a child, reply its pid, wait for it and
-    reply its exit code (negative for a signal, as subprocess gives it)."""
+    reply its pid with its exit code (negative for a signal, as subprocess gives it)."""
     missing = []
     for name in PRELOADED:
         try:
@@ -108,7 +113,7 @@ def serve() -> None:
             _child(request)
         print(json.dumps({"pid": pid}), file=reply, flush=True)
         _, status = os.waitpid(pid, 0)
-        print(json.dumps({"code": os.waitstatus_to_exitcode(status)}), file=reply, flush=True)
+        print(json.dumps({"pid": pid, "code": os.waitstatus_to_exitcode(status)}), file=reply, flush=True)
 
 
 # ------------------------------------------------------------------------------------------ in the test
@@ -126,14 +131,26 @@ def _python_path(env: dict[str, str], cwd: str) -> list[str]:
     return [*extra, *_site_path[key]]
 
 
-def _read(server: subprocess.Popen, timeout: float | None = None) -> dict | None:
-    """The server's next reply; None when `timeout` seconds pass first."""
-    if timeout is not None and not select.select([server.stdout], [], [], max(timeout, 0))[0]:
-        return None
-    line = server.stdout.readline()
-    if not line:
-        raise RuntimeError(f"the fresh-python server ({__file__}) exited with code {server.wait()}")
-    return json.loads(line)
+class _Replies:
+    """The server's reply lines, read from its stdout's file descriptor with a buffer of our own: `select` sees only
+    the pipe, so a reader with a hidden buffer (a file object's) would wait on a pipe whose line it already holds."""
+
+    def __init__(self, server: subprocess.Popen):
+        self.server, self.fd, self.pending = server, server.stdout.fileno(), b""
+
+    def next(self, timeout: float | None = None) -> dict | None:
+        """The next reply; None when `timeout` seconds pass first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in self.pending:
+            left = None if deadline is None else max(deadline - time.monotonic(), 0)
+            if not select.select([self.fd], [], [], left)[0]:
+                return None
+            chunk = os.read(self.fd, 65536)
+            if not chunk:
+                raise RuntimeError(f"the fresh-python server ({__file__}) exited with code {self.server.wait()}")
+            self.pending += chunk
+        line, self.pending = self.pending.split(b"\n", 1)
+        return json.loads(line)
 
 
 def _stop(server: subprocess.Popen) -> None:
@@ -142,16 +159,22 @@ def _stop(server: subprocess.Popen) -> None:
     server.wait(timeout=60)
 
 
-def _started() -> subprocess.Popen:
-    global _server
+def _started() -> _Replies:
+    global _server, _replies
     if _server is None or _server.poll() is not None:
         _server = subprocess.Popen([sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                   stderr=subprocess.DEVNULL, text=True, cwd="/")
+                                   stderr=subprocess.DEVNULL, cwd="/")
         atexit.register(_stop, _server)
-        ready = _read(_server)
+        _replies = _Replies(_server)
+        ready = _replies.next()
         if ready["missing"]:
             raise RuntimeError(f"the fresh-python server could not import {'; '.join(ready['missing'])}")
-    return _server
+    return _replies
+
+
+def _send(server: subprocess.Popen, request: dict) -> None:
+    server.stdin.write((json.dumps(request) + "\n").encode())
+    server.stdin.flush()
 
 
 def run(args: list[str], *, env: dict[str, str] | None = None, cwd: str | Path | None = None,
@@ -168,21 +191,21 @@ def run(args: list[str], *, env: dict[str, str] | None = None, cwd: str | Path |
         out, err = Path(scratch, "stdout"), Path(scratch, "stderr")
         out.touch()
         err.touch()
-        server = _started()
-        request = {"args": argv[1:], "env": env, "cwd": cwd, "path": _python_path(env, cwd), "out": str(out),
-                   "err": str(err)}
-        server.stdin.write(json.dumps(request) + "\n")
-        server.stdin.flush()
-        pid = _read(server)["pid"]
-        done = _read(server, timeout)
+        replies = _started()
+        _send(replies.server, {"args": argv[1:], "env": env, "cwd": cwd, "path": _python_path(env, cwd),
+                               "out": str(out), "err": str(err)})
+        pid = replies.next()["pid"]
+        done = replies.next(timeout)
         if done is None:
-            os.kill(pid, signal.SIGKILL)
-            _read(server)
+            with contextlib.suppress(ProcessLookupError):  # it may end between the wait and the kill
+                os.kill(pid, signal.SIGKILL)
+            replies.next()
             raise subprocess.TimeoutExpired(argv, timeout, out.read_text(errors="replace"),
                                             err.read_text(errors="replace"))
+        if done["pid"] != pid:
+            raise RuntimeError(f"the fresh-python server answered for process {done['pid']}, not {pid}")
         return subprocess.CompletedProcess(argv, done["code"], out.read_text(errors="replace"),
                                            err.read_text(errors="replace"))
-
 
 if __name__ == "__main__":
     serve()

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import fresh_python
 import pytest
@@ -60,6 +61,23 @@ def test_a_run_past_its_timeout_is_killed_and_raises_as_subprocess_does():
         fresh_python.run(["-c", "import time; print('started', flush=True); time.sleep(60)"], timeout=2)
     assert raised.value.timeout == 2 and raised.value.output == "started\n"
     assert fresh_python.run(["-c", "print('next')"]).stdout == "next\n"  # the server goes on
+
+
+def test_a_child_that_ends_before_its_pid_is_read_is_seen_to_end(monkeypatch):
+    """Under load the child can end before the test reads the server's first reply, so both replies arrive at once:
+    the second must be found where the first was read, not waited for on the pipe until the timeout."""
+    send = fresh_python._send
+
+    def send_then_stall(server, request):
+        send(server, request)
+        time.sleep(3)  # the child (one print) ends and the server writes both replies meanwhile
+
+    monkeypatch.setattr(fresh_python, "_send", send_then_stall)
+    started = time.monotonic()
+    assert fresh_python.run(["-c", "print('quick')"], timeout=30).stdout == "quick\n"
+    assert time.monotonic() - started < 20
+    monkeypatch.undo()
+    assert fresh_python.run(["-c", "print('next')"]).stdout == "next\n"  # and the replies stay in step
 
 
 @pytest.mark.parametrize("args", [[], ["-c"], ["-m"]])
