@@ -1,6 +1,6 @@
 """Update cost of TEPO against GSPO, GRPO and DAPO in verl's own training engine, side by side in one process.
 
-    python benchmarks/step_cost.py                            # about 8 minutes on 2 cores
+    python benchmarks/step_cost.py                            # about 7 minutes on 2 cores
     python benchmarks/step_cost.py --mask-rule surprisal      # TEPO's current-entropy rule (and its entropy)
     python benchmarks/step_cost.py --trainer                  # secondary: whole-trainer runs, one per preset
 
@@ -15,6 +15,9 @@ so the first mini-batch of every update is on-policy. Then, round after round, e
 parameters are restored and Adam's state cleared before every update, and the presets' order is shuffled in
 every round. Per update it records the wall time of `train_mini_batch` and the peak memory during it (CPU: the
 process's peak RSS, which tepo-verl's CPU mode resets at each update's start; CUDA: `max_memory_allocated`).
+The actor computes in float32 on a CPU, as `recipes/cpu.sh` trains (verl's CPU default, bf16, is emulated on CPUs
+without bf16 instructions, 20-30 times slower there), and in verl's default mixed precision on CUDA; `--precision`
+chooses.
 
 Each ratio to GSPO is the geometric mean of the per-round paired ratios, with a 95% t-interval over rounds. The
 targets hold when the interval's upper end is at most 1.05 for time and 1.02 for memory. The last line is
@@ -98,8 +101,12 @@ def single_process_environment(cuda: bool) -> None:
         os.environ.setdefault(key, value)
 
 
-def compose_trainer_config(preset: str, model: Path, device: str, extra: list[str]):
+def compose_trainer_config(preset: str, model: Path, device: str, extra: list[str], precision: str = "bf16"):
+    """verl's trainer config for PRESET in the engine mode; precision "float32" adds FLOAT32_OVERRIDES (the actor
+    computes in float32, as recipes/cpu.sh's default), "bf16" keeps verl's default mixed precision."""
     from hydra import compose, initialize_config_module
+
+    from tepo_verl.verl_adapter.precision import FLOAT32_OVERRIDES
 
     overrides = [
         f"+algorithm={preset}",
@@ -111,6 +118,7 @@ def compose_trainer_config(preset: str, model: Path, device: str, extra: list[st
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={MICRO_BATCH}",
         "actor_rollout_ref.actor.use_dynamic_bsz=False",
         f"trainer.device={device}",
+        *(FLOAT32_OVERRIDES if precision == "float32" else ()),
         *extra,
     ]
     with initialize_config_module(config_module="verl.trainer.config", version_base=None):
@@ -292,11 +300,12 @@ def engine_mode(args) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     model = build_model(args.out)
     device = "cuda" if cuda else "cpu"
+    precision = args.precision or ("bf16" if cuda else "float32")
     tepo_extra = ([f"actor_rollout_ref.actor.policy_loss.tepo.mask_rule={args.mask_rule}",
                    "actor_rollout_ref.actor.calculate_entropy=True"] if args.mask_rule in ("surprisal", "old") else
                   [f"actor_rollout_ref.actor.policy_loss.tepo.mask_rule={args.mask_rule}"] if args.mask_rule else [])
-    configs = {preset: compose_trainer_config(preset, model, device, tepo_extra if preset == "tepo" else [])
-               for preset in args.presets}
+    configs = {preset: compose_trainer_config(preset, model, device, tepo_extra if preset == "tepo" else [],
+                                              precision) for preset in args.presets}
     worker = build_worker(configs["gspo"])  # the engine and optimizer do not depend on the loss preset
     start = StartingPoint(worker.engine)
     fields = padded_batch()
@@ -306,7 +315,7 @@ def engine_mode(args) -> int:
     tokens = int(fields["response_mask"].sum())
     print(f"[step_cost] engine built and old log-probs computed in {time.time() - started:.0f} s; {RESPONSES} "
           f"responses ({tokens} response tokens), {MINI_BATCHES} mini-batches of {MICRO_BATCH}-response "
-          f"micro-batches per update; vocabulary {VOCAB_SIZE}; device {device}", flush=True)
+          f"micro-batches per update; vocabulary {VOCAB_SIZE}; device {device}; actor in {precision}", flush=True)
 
     order = random.Random(args.seed)
     # the timed measure: wall time on a GPU; on a CPU the process's CPU time, which other processes sharing the
@@ -342,8 +351,8 @@ def engine_mode(args) -> int:
               f"{t[0]:>10.3f} [{t[1]:.3f}, {t[2]:.3f}]{w[0]:>10.3f} [{w[1]:.3f}, {w[2]:.3f}]"
               f"{statistics.median(r['memory']):>10.3f}{m[0]:>10.3f} [{m[1]:.3f}, {m[2]:.3f}]")
     (args.out / "step_cost_engine.json").write_text(json.dumps(
-        {"mode": mode, "device": device, "threads": args.threads, "rounds": rounds, "timed": timed,
-         "per_update": record, "ratios": summary}, indent=1))
+        {"mode": mode, "device": device, "precision": precision, "threads": args.threads, "rounds": rounds,
+         "timed": timed, "per_update": record, "ratios": summary}, indent=1))
     print(f"(raw per-update values: {args.out / 'step_cost_engine.json'}; total {time.time() - started:.0f} s)")
     tepo = summary.get("tepo")
     if tepo is None:
@@ -378,8 +387,10 @@ def build_data(out: Path, n_prompts: int = 64) -> Path:
     return data_dir
 
 
-def run_preset(preset: str, run_dir: Path, model: Path, data: Path, steps: int, extra: list[str]) -> list[dict]:
-    """One verl run through recipes/cpu.sh; returns its per-step file-logger records (training steps only)."""
+def run_preset(preset: str, run_dir: Path, model: Path, data: Path, steps: int, extra: list[str],
+               precision: str) -> list[dict]:
+    """One verl run through recipes/cpu.sh (PRECISION=precision); returns its per-step file-logger records (training
+    steps only)."""
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     overrides = [
@@ -401,7 +412,7 @@ def run_preset(preset: str, run_dir: Path, model: Path, data: Path, steps: int, 
         *extra,
     ]
     env = dict(os.environ, ALGO=preset, STEPS=str(steps), RUN_DIR=str(run_dir), PYTHON=sys.executable,
-               BATCH="4", N="4", SEED="1", COMPARE="0")
+               BATCH="4", N="4", SEED="1", COMPARE="0", PRECISION=precision)
     env.pop("VERL_FILE_LOGGER_PATH", None)
     with open(run_dir / "bench-console.log", "w") as console:
         proc = subprocess.run(["bash", str(REPO / "recipes" / "cpu.sh"), *overrides], env=env, cwd=REPO,
@@ -429,7 +440,8 @@ def trainer_mode(args, extra: dict[str, list[str]]) -> int:
     results = {}
     for preset in args.presets:
         t0 = time.time()
-        records = run_preset(preset, args.out / preset, model, data, args.steps, extra.get(preset, []))
+        records = run_preset(preset, args.out / preset, model, data, args.steps, extra.get(preset, []),
+                             args.precision or "float32")
         measured = [r for r in records if r["step"] >= 2]
         if not measured:
             raise SystemExit(f"step_cost: the {preset} run logged no update_actor after step 1")
@@ -477,6 +489,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=10_000, help="engine mode: at most this many rounds")
     parser.add_argument("--seed", type=int, default=0, help="engine mode: the shuffle of each round's order")
     parser.add_argument("--cpu", action="store_true", help="engine mode: stay on CPU even when CUDA is available")
+    parser.add_argument("--precision", choices=("float32", "bf16"),
+                        help="the actor's compute dtype; default float32 on a CPU (as recipes/cpu.sh), verl's bf16 "
+                             "mixed precision on CUDA")
     parser.add_argument("--threads", type=int, default=1, help="engine mode on CPU: torch threads of the update")
     parser.add_argument("--trainer", action="store_true", help="the secondary check: whole-trainer runs per preset")
     parser.add_argument("--steps", type=int, default=3, help="trainer mode: training steps per run; 2.. compared")
