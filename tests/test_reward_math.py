@@ -281,9 +281,10 @@ def _random_response(rng: random.Random) -> str:
 def test_fuzz_thousands_of_strings_never_raise_and_finish_in_time():
     """3000 seeded random and adversarial responses, graded by 4 threads in process isolation.
 
-    Bound: every call returns the fixed keys and a score of 0 or 1, and the whole run takes < 60 s on 2 cores
-    (about 15 s: ~3 ms a call, plus up to the 1 s timeout for each of the few sympy bombs such as
-    `9^{9^{9^{9}}}` that the random and adversarial inputs contain).
+    Every call returns the fixed keys and a score of 0 or 1, and the run ends: the sympy bombs that the random and
+    adversarial inputs contain (such as `9^{9^{9^{9}}}`) would not end without the grader's time bound. The bound
+    below catches a hang, not slowness: the run takes about 15 s on 2 cores (~3 ms a call, plus up to the 1 s
+    timeout for each bomb) and was seen at 110 s beside a training run; its speed is not this test's subject.
     """
     rng = random.Random(20260601)
     golds = ["1", "\\frac{1}{2}", "3", "x+1", "\\pi", "(1,2)"]
@@ -292,7 +293,7 @@ def test_fuzz_thousands_of_strings_never_raise_and_finish_in_time():
     with ThreadPoolExecutor(max_workers=4) as pool:
         results = list(pool.map(lambda c: compute_score("fuzz", c[0], c[1], timeout_s=1.0), cases))
     elapsed = time.monotonic() - start
-    assert elapsed < 60.0, f"fuzz run took {elapsed:.1f} s"
+    assert elapsed < 900.0, f"fuzz run took {elapsed:.1f} s: a call hung past its time bound"
     for result in results:
         assert set(result) == RESULT_KEYS
         assert result["score"] in (0.0, 1.0) and result["acc"] == result["score"]
