@@ -6,8 +6,8 @@ depend on them.
   (the CPU mode's fix), and the KL loss against it must be logged, finite, on every step.
 - DAPO's dynamic sampling (verl's v1 replay buffer) evicts the groups whose rewards are all equal and
   regenerates them. On the tiny task the warmed-up policy is right about a quarter of the time, so with 4
-  samples per prompt about a third of the groups are all wrong: every step of the 3 has had evictions in our
-  runs, and the test needs only one. It is the one end-to-end run on a Ray of its own (RAY_ADDRESS unset, as
+  samples per prompt about a third of the groups are all wrong: every step has had evictions in our runs, and
+  the test needs only one in its 2 steps. It is the one end-to-end run on a Ray of its own (RAY_ADDRESS unset, as
   `tepo-lab demo` and a single machine run the recipe); the others share the pytest run's Ray head.
 
 The other presets that only select one of verl's own losses (gmpo's `geo_mean`, kl_cov's `kl_cov`, ...) get no
@@ -32,7 +32,7 @@ from conftest_e2e import assert_step_updated, run_recipe  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
-STEPS = 3
+STEPS = 2
 BATCH, N = 4, 4
 EVICTED = "training/filter_groups/evicted_samples"
 
