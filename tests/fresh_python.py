@@ -2,10 +2,11 @@
 
 About 35 tests check what happens in a process that has not imported verl yet: verl's plugin loading, the CPU
 hook, the contract checks in the driver, `main_ppo --cfg job`. Each started a new interpreter that spent most of
-its time (about 6 of 8 seconds on 2 cores) importing torch, tensordict and transformers, which nothing under test
-changes. `run` gives each such process a head start: one server per pytest process imports PRELOADED, then forks a
-child per call, which sets up what a new `python ARGS` has (argv and orig_argv, sys.path with PYTHONPATH, the
-environment, the working directory, a new `__main__`, stdout and stderr into files) and runs ARGS.
+its time (about 10 of 11 seconds on 2 cores) importing torch, tensordict, transformers' model and processor
+utilities and datasets, which nothing under test changes; after them `import verl` takes about 1.5 s. `run` gives
+each such process a head start: one server per pytest process imports PRELOADED, then forks a child per call,
+which sets up what a new `python ARGS` has (argv and orig_argv, sys.path with PYTHONPATH, the environment, the
+working directory, a new `__main__`, stdout and stderr into files) and runs ARGS.
 
 What differs from a new interpreter: the modules of PRELOADED are imported already, under the environment the
 pytest process had, and the children share the server's hash seed and numpy's global random state. A test whose
@@ -32,7 +33,8 @@ import types
 from pathlib import Path
 
 #: What the server imports once: the expensive part of `import verl` that reads nothing a test sets.
-PRELOADED = ("torch", "tensordict", "numpy", "transformers")
+PRELOADED = ("torch", "tensordict", "numpy", "transformers", "transformers.modeling_utils",
+             "transformers.processing_utils", "datasets")
 
 _lock = threading.Lock()  # one call at a time through the server
 _server: subprocess.Popen | None = None
