@@ -101,7 +101,7 @@ def single_process_environment(cuda: bool) -> None:
         os.environ.setdefault(key, value)
 
 
-def compose_trainer_config(preset: str, model: Path, device: str, extra: list[str], precision: str = "bf16"):
+def compose_trainer_config(preset: str, model: Path, device: str, extra: list[str], precision: str):
     """verl's trainer config for PRESET in the engine mode; precision "float32" adds FLOAT32_OVERRIDES (the actor
     computes in float32, as recipes/cpu.sh's default), "bf16" keeps verl's default mixed precision."""
     from hydra import compose, initialize_config_module
@@ -388,9 +388,9 @@ def build_data(out: Path, n_prompts: int = 64) -> Path:
 
 
 def run_preset(preset: str, run_dir: Path, model: Path, data: Path, steps: int, extra: list[str],
-               precision: str) -> list[dict]:
-    """One verl run through recipes/cpu.sh (PRECISION=precision); returns its per-step file-logger records (training
-    steps only)."""
+               precision: str | None) -> list[dict]:
+    """One verl run through recipes/cpu.sh (PRECISION=precision when given, else the recipe's default); returns its
+    per-step file-logger records (training steps only)."""
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     overrides = [
@@ -412,7 +412,7 @@ def run_preset(preset: str, run_dir: Path, model: Path, data: Path, steps: int, 
         *extra,
     ]
     env = dict(os.environ, ALGO=preset, STEPS=str(steps), RUN_DIR=str(run_dir), PYTHON=sys.executable,
-               BATCH="4", N="4", SEED="1", COMPARE="0", PRECISION=precision)
+               BATCH="4", N="4", SEED="1", COMPARE="0", **({"PRECISION": precision} if precision else {}))
     env.pop("VERL_FILE_LOGGER_PATH", None)
     with open(run_dir / "bench-console.log", "w") as console:
         proc = subprocess.run(["bash", str(REPO / "recipes" / "cpu.sh"), *overrides], env=env, cwd=REPO,
@@ -441,7 +441,7 @@ def trainer_mode(args, extra: dict[str, list[str]]) -> int:
     for preset in args.presets:
         t0 = time.time()
         records = run_preset(preset, args.out / preset, model, data, args.steps, extra.get(preset, []),
-                             args.precision or "float32")
+                             args.precision)
         measured = [r for r in records if r["step"] >= 2]
         if not measured:
             raise SystemExit(f"step_cost: the {preset} run logged no update_actor after step 1")
