@@ -1152,6 +1152,20 @@ def page_section(compared: dict[str, tuple[Comparison, Path]], page: Path, study
     return "\n".join([*lines, study.page_end])
 
 
+def uncalibrated_section(results: Path, steps: int) -> str:
+    """The collapse comparison's part of the page while the calibration (in `results`) has met no level: waiting
+    for it, or, once it is over, not run, as its plan says."""
+    next_run, _, state = collapse_state(results, steps)
+    if next_run is not None:
+        words = f"No run yet: the comparison waits for the calibration above ({state})."
+    else:
+        words = (f"**Not run**: the calibration above is over and met no level ({state}). As this plan says, the "
+                 "comparison runs only in a regime the calibration found, so no run with the mask was made: on this "
+                 "test bed, within these levers, the failure the mask targets did not occur, and the mask was not "
+                 "tested against it.")
+    return "\n".join([MASK_COLLAPSE.page_begin, words, MASK_COLLAPSE.page_end])
+
+
 def write_page(results_root: Path, studies: list[Study], page: Path, python: str, log, plots: bool = True) -> None:
     """Regenerate each study's comparisons and splice them into `page` between its markers (a study with no
     finished run keeps what the page has there)."""
@@ -1160,13 +1174,17 @@ def write_page(results_root: Path, studies: list[Study], page: Path, python: str
         if study.page_begin not in text or study.page_end not in text:
             raise StudyError(f"{page} has no markers for study {study.name}: add the lines {study.page_begin!r} "
                              f"and {study.page_end!r}")
-        compared = compare(results_root / study.results_name, study, python, log, plots)
-        if not compared:
-            log(f"[study] {study.name}: no finished runs yet; its part of {page} is left as it is")
-            continue
+        if study is MASK_COLLAPSE:  # not resolved: the calibration has met no level (yet)
+            section = uncalibrated_section(results_root / study.results_name, int(study.regime["STEPS"]))
+        else:
+            compared = compare(results_root / study.results_name, study, python, log, plots)
+            if not compared:
+                log(f"[study] {study.name}: no finished runs yet; its part of {page} is left as it is")
+                continue
+            section = page_section(compared, page, study, results_root / study.results_name)
         head, _, rest = text.partition(study.page_begin)
         _, _, tail = rest.partition(study.page_end)
-        text = head + page_section(compared, page, study, results_root / study.results_name) + tail
+        text = head + section + tail
     page.write_text(text, encoding="utf-8")
     log(f"[study] wrote the study tables into {page}")
 

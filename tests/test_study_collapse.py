@@ -268,3 +268,29 @@ def test_the_runner_runs_the_comparison_from_the_calibrated_level_and_the_page_c
     assert "| does the mask keep the entropy up | entropy_retention | epochs4-tepo | epochs4-tepo_nomask | 10 of 10 |" \
            in text
     assert "- **The mask is not shown to change the collapse on this test bed**: entropy kept, " in text
+
+
+def test_the_comparisons_part_of_the_page_waits_then_says_it_did_not_run(tmp_path, monkeypatch):
+    """While the calibration runs, the comparison's part of the page says it waits; once the calibration is over
+    without a level, it says the comparison did not run and why (no level was met), from the committed runs."""
+    short = study.dataclasses.replace(MASK_COLLAPSE, regime={**COLLAPSE.regime, "STEPS": str(STEPS)})
+    monkeypatch.setattr(study, "MASK_COLLAPSE", short)
+    results, page = tmp_path / "results", tmp_path / "page.md"
+    page.write_text(f"before\n{short.page_begin}\nold words\n{short.page_end}\nafter\n")
+
+    def part() -> str:
+        study.write_page(results, [short], page, "python", log=lambda *_: None, plots=False)
+        text = page.read_text()
+        assert text.startswith("before\n") and text.endswith("\nafter\n")
+        return text.split(short.page_begin)[1].split(short.page_end)[0].strip()
+
+    folder = results / COLLAPSE.results_name
+    _run(folder, "lr3e-4-grpo-seed1", KEPT, LEARNED)
+    assert part() == ("No run yet: the comparison waits for the calibration above (in progress, 1 of at most 6 "
+                      "runs; next epochs4-grpo-seed1).")
+    _run(folder, "epochs4-grpo-seed1", COLLAPSED, NEVER_LEARNED)
+    _run(folder, "lr3e-4-epochs4-grpo-seed1", KEPT, NEVER_LEARNED)
+    words = part()
+    assert words.startswith("**Not run**: the calibration above is over and met no level (not reached: none of "
+                            "the 3 levels met the criterion). As this plan says,")
+    assert "no run with the mask was made" in words
