@@ -8,7 +8,10 @@ when the run ends.
 And how `make test` and `make check` share the tests between two pytest-xdist workers (`--dist loadscope
 --no-loadscope-reorder`): a test file's tests stay on one worker, so its module fixtures are built once, and the
 end-to-end files' tests (test_e2e_*.py) go to one worker, first and in order, while the other worker runs the rest
-beside them."""
+beside them.
+
+And each distinct YAML text is parsed once per test process (tests/yaml_memo.py): the suite composes verl's config
+some hundred times in each process."""
 
 from __future__ import annotations
 
@@ -17,7 +20,10 @@ from pathlib import Path
 
 import conftest_e2e
 import pytest
+import yaml_memo
 from conftest_data import in_ci
+
+yaml_memo.install()
 
 #: The wheel check (tests/test_wheel.py: a fresh venv with verl from the package index, about 10 minutes on 2 cores)
 #: runs where it is asked for: TEPO_VERL_WHEEL_CHECK=1, or its file named; `make check-wheel` runs it without pytest.

@@ -274,7 +274,7 @@ def test_a_quiet_run_that_succeeds_shows_nothing_of_verls_output(tmp_path):
 
 def test_any_skip_fails_under_ci(tmp_path):
     """A bare pytest.skip / pytest.importorskip in a test skips off CI and fails under CI=true."""
-    for name in ("conftest.py", "conftest_data.py", "conftest_e2e.py"):
+    for name in ("conftest.py", "conftest_data.py", "conftest_e2e.py", "yaml_memo.py"):
         (tmp_path / name).write_text((Path(__file__).parent / name).read_text())
     (tmp_path / "test_bare.py").write_text(
         "import pytest\n\n"
