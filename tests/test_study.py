@@ -208,8 +208,11 @@ def test_page_alone_runs_nothing_and_needs_the_markers(fake, capsys):
     code, calls = run("--page", "--no-plots")
     text = page.read_text()
     assert code == 0 and calls == [] and "| grpo " in text.split(CHAIN.page_end)[0]
-    # the studies without runs of their own arms (the clip band, the scratchpad here) are left as they were
-    assert text.count("\nold\n") == len(study.STUDIES) - 1 and "\nold\n" not in text.split(CHAIN.page_end)[0]
+    # the studies without runs of their own arms (the clip band, the scratchpad here) are left as they were; the
+    # collapse comparison's part says it waits for its calibration
+    assert text.count("\nold\n") == len(study.STUDIES) - 2 and "\nold\n" not in text.split(CHAIN.page_end)[0]
+    waiting = text.split(study.MASK_COLLAPSE.page_begin)[1].split(study.MASK_COLLAPSE.page_end)[0]
+    assert waiting.strip().startswith("No run yet: the comparison waits for the calibration above (in progress, 0 of")
     page.write_text("no markers\n")
     assert run("--page", "--no-plots") == (2, [])
     assert "has no markers for study" in capsys.readouterr().err
