@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import re
 import shutil
 import statistics
 from pathlib import Path
@@ -21,14 +22,27 @@ from tepo_verl.report import doctor
 from tepo_verl.report.runs import metrics_file, open_metrics
 from tepo_verl.verl_adapter.precision import FLOAT32_OVERRIDES, precision_warning
 
-RUNS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "cpu-scratchpad"
+REPO = Path(__file__).resolve().parents[1]
+RUNS = REPO / "benchmarks" / "results" / "cpu-scratchpad"
+
+
+DOC_LINK = re.compile(r"docs/([\w-]+\.md)#([\w-]+)")
+
+
+def heading_anchors(doc: Path) -> set[str]:
+    """The anchors GitHub gives the Markdown headings of `doc`: lower case, punctuation dropped, spaces to hyphens."""
+    headings = (line.lstrip("#").strip() for line in doc.read_text(encoding="utf-8").splitlines()
+                if line.startswith("#"))
+    return {re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-") for heading in headings}
 
 
 def run_doctor(capsys, *argv) -> tuple[int, dict[str, str]]:
-    """Exit code and {check name: its line} from the CLI."""
+    """Exit code and {check name: its line} from the CLI; every docs link the doctor prints names a heading."""
     code = cli_main(["doctor", *map(str, argv)])
     out = capsys.readouterr().out.splitlines()
     lines = {line.split("] ", 1)[1].split(":", 1)[0]: line for line in out if line.startswith("[")}
+    for doc, anchor in DOC_LINK.findall("\n".join(out)):
+        assert anchor in heading_anchors(REPO / "docs" / doc), f"docs/{doc}#{anchor}"
     return code, lines
 
 

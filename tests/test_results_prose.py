@@ -418,3 +418,29 @@ def test_the_clip_band_calls_are_quoted_where_the_plan_says():
     fractions = study.clip_fractions(CHAIN_COMPARE / "clipband", ["tepo-clip3e-2", "gspo-clip3e-2"])
     assert (f"seed-mean clip fraction {fractions['tepo-clip3e-2']:.3f} for `tepo`, "
             f"{fractions['gspo-clip3e-2']:.3f} for `gspo`") in section
+
+
+def test_the_collapse_calibration_is_quoted_where_the_plan_says():
+    """The calibration is over without a level (its procedure on the committed runs), and the page's conclusion,
+    docs/algorithm.md and the README say so, each level quoted with its run's entropy and validation accuracy."""
+    study = load_study()
+    results = REPO / "benchmarks" / "results" / study.COLLAPSE.results_name
+    next_run, checks, state = study.collapse_state(results, int(study.COLLAPSE.regime["STEPS"]))
+    assert next_run is None and state.startswith("not reached") and not any(check.met for check in checks)
+    texts = {path.name: " ".join(path.read_text(encoding="utf-8").split()) for path in (PAGE, ALGORITHM)}
+    sections = {"results.md": texts["results.md"].split("### What the calibration found")[1].split("## ")[0],
+                "algorithm.md": texts["algorithm.md"].split(
+                    "### What the collapse calibration says about the mask's scope")[1].split("## ")[0]}
+    assert len(checks) == len(study.COLLAPSE_LEVELS)  # each level missed on its first arm
+    for level, check in zip(study.COLLAPSE_LEVELS, checks):
+        assert check.run == f"{level.name}-{study.COLLAPSE_ARMS[0]}-seed{study.COLLAPSE_SEED}"
+        learned = check.val_best - check.val_start >= study.RISE_MIN
+        for name, section in sections.items():
+            bullet = section.split(f"- `{level.name}`")[1].split("- `")[0]
+            assert f"entropy {check.entropy_first:.3f} -> {check.entropy_last:.3f}" in bullet, (name, level.name)
+            assert (f"validation accuracy {check.val_start:.3f} before training, best {check.val_best:.3f}"
+                    in bullet), (name, level.name)
+            assert ("never learned" in bullet) is not learned, (name, level.name)
+    assert "the mask has not been tested against the failure it was designed for" in sections["algorithm.md"]
+    assert "the mask was not tested against a collapse here" in " ".join(
+        (REPO / "README.md").read_text(encoding="utf-8").split())

@@ -493,7 +493,8 @@ def check_entropy(ev: Evidence) -> Finding:
     start, end = _median(values[:k]), _median(values[-k:])
     ratio = end / start if start > 0 else 1.0
     text = f"{start:.3g} -> {end:.3g} ({ev.name_of('entropy')}, end/start {ratio:.2f} over {len(values)} steps)"
-    fix = "lower the learning rate, or for TEPO raise kl_coef; compare with a GRPO run on the same data"
+    fix = ("lower the learning rate, or for TEPO raise kl_coef; compare with a GRPO run on the same data (what the "
+           "mask has been tested against: docs/algorithm.md#what-the-collapse-calibration-says-about-the-masks-scope)")
     if ratio < ENTROPY_COLLAPSE:
         return Finding("FAIL", name, text + ": collapsing", fix)
     if ratio < ENTROPY_FALLING:
