@@ -27,7 +27,10 @@ The check below does not rely on this reasoning: the adapter reads the dtype of 
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 #: verl overrides that make the FSDP actor (and the reference model) compute, and so return log-probs, in float32.
 FLOAT32_OVERRIDES = tuple(
@@ -38,6 +41,8 @@ FLOAT32_OVERRIDES = tuple(
 
 def ratio_resolution(dtype: torch.dtype) -> float:
     """The spacing of `dtype` just below 1: the smallest step a ratio near 1 can take (2^-8 for bf16)."""
+    import torch  # here, not above: recipes/cpu.sh reads FLOAT32_OVERRIDES without paying torch's 2 s import
+
     return torch.finfo(dtype).eps / 2
 
 
