@@ -20,6 +20,7 @@ from tepo_verl.report.runs import (
     segments,
     will_resume,
 )
+from tepo_verl.report.runs import main as runs_main
 
 
 def write(path: Path, records: list[tuple[int, dict]]) -> Path:
@@ -135,3 +136,20 @@ def test_the_recipes_command(tmp_path):
     assert result.stdout.strip() == (f"[tepo-verl] {metrics}: resuming: kept the metrics so far as "
                                      "metrics.segment-1.jsonl (tepo-verl compare reads the segments as one run)")
     assert segments(metrics) == [metrics.with_name("metrics.segment-1.jsonl")]
+
+
+def test_the_recipes_command_on_a_first_start_and_on_leftovers(tmp_path, capsys):
+    """A first start (no metrics, no segment) changes nothing and says nothing, even beside a checkpoint; segments
+    left without their latest file belong to a run that a fresh start replaces, and are removed."""
+    run = tmp_path / "run"
+    ckpt = run / "checkpoints"
+    _checkpoint(ckpt, 1)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    assert runs_main(["keep-segments", str(run / "metrics.jsonl"), str(ckpt)]) == 0
+    assert capsys.readouterr().out == ""
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+    leftover = write(run / "metrics.segment-1.jsonl", [(1, {"critic/score/mean": 0.1})])
+    assert runs_main(["keep-segments", str(run / "metrics.jsonl"), str(ckpt), "trainer.resume_mode=disable"]) == 0
+    assert capsys.readouterr().out == (f"[tepo-verl] {run / 'metrics.jsonl'}: fresh start: removed 1 earlier "
+                                       "segment(s) of the run it replaces\n")
+    assert not leftover.exists()

@@ -297,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     metrics, checkpoints, overrides = Path(args[1]), Path(args[2]), args[3:]
+    if not segments(metrics):  # a first start: nothing to keep or remove, so no need to ask verl about checkpoints
+        return 0
     message = keep_segments(metrics, will_resume(checkpoints, overrides))
     if message:
         print(f"[tepo-verl] {metrics}: {message}")
