@@ -135,7 +135,7 @@ if [[ "$DRY_RUN" != 0 ]]; then
   TINY_DIR="${TINY_DIR:-$("$PY" -m tepo_lab.tiny build --task "$TASK" --print dir --dry-run)}"
   unset TEPO_VERL_CPU VERL_PLATFORM VERL_ENGINE_DEVICE   # composing the config needs no CPU mode
 else
-  "$PY" -m tepo_lab.cpu.versions >/dev/null || { "$PY" -m tepo_lab.cpu.versions; exit 1; }
+  "$PY" -m tepo_lab.cpu.versions --no-import >/dev/null || { "$PY" -m tepo_lab.cpu.versions --no-import; exit 1; }
   if [[ -z "${TINY_DIR:-}" ]]; then
     TINY_DIR="$("$PY" -m tepo_lab.tiny build --task "$TASK" --print dir)"
   else

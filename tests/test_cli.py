@@ -180,3 +180,25 @@ def test_console_script_prints_no_traceback(tmp_path):
                            str(tmp_path / "o")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: unknown data set 'nosuch'") and "Traceback" not in proc.stderr
+
+
+def test_cpu_check_without_the_import_check_leaves_vllm_alone(monkeypatch, capsys):
+    """`--no-import` (what recipes/cpu.sh runs before each run) checks the versions and the entry point, not vllm's
+    import, and says so."""
+    import sys
+
+    from tepo_lab.cpu import versions
+
+    monkeypatch.setattr(versions, "installed_versions",
+                        lambda names=None: {name: accepted[-1] for name, accepted in versions.REQUIRED.items()})
+    monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` would raise ImportError
+    monkeypatch.setattr(versions, "hook_problem", lambda entry_points=None, environ=None: None)
+    assert lab_main(["cpu-check", "--no-import"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "ok: the tested CPU stack is installed and verl loads the CPU mode's entry point (vllm's import not checked: "
+        "--no-import)")
+    monkeypatch.setattr(versions, "installed_versions",  # the versions are still checked
+                        lambda names=None: {**{name: accepted[-1] for name, accepted in versions.REQUIRED.items()},
+                                            "verl": "0.8.0"})
+    assert lab_main(["cpu-check", "--no-import"]) == 1
+    assert "verl: installed 0.8.0, required 0.9.0 or 0.9.1" in capsys.readouterr().err

