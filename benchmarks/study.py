@@ -47,6 +47,7 @@ import csv
 import dataclasses
 import fcntl
 import gzip
+import io
 import json
 import math
 import os
@@ -58,6 +59,7 @@ import sys
 import time
 from pathlib import Path
 
+from tepo_verl.report.compare import main as compare_main
 from tepo_verl.report.runs import (
     GZIP_SUFFIX,
     METRICS_NAME,
@@ -791,21 +793,28 @@ def in_repo(path: Path) -> str:
     return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
 
 
-def compare(results: Path, study: Study, python: str, log, plots: bool = True,
+def compare(results: Path, study: Study, log, plots: bool = True,
             out_root: Path | None = None) -> dict[str, tuple[Comparison, Path]]:
     """`tepo-verl compare` of each comparison's finished runs at the study's target into out_root/<comparison>
-    (default <results>/compare/<comparison>); returns comparison -> (its definition, output folder)."""
+    (default <results>/compare/<comparison>); returns comparison -> (its definition, output folder). The command's
+    own entry point, called in this process (its printout is not shown; its error line ends the study)."""
     written = {}
     for name, (comparison, folders) in group_runs(results, study).items():
         out = (out_root or results / "compare") / name
-        argv = [python, "-m", "tepo_verl.report.compare", *map(in_repo, folders), "--target", str(study.target),
-                "--out", in_repo(out), *([] if plots else ["--no-plots"])]
+        argv = [*map(in_repo, folders), "--target", str(study.target), "--out", in_repo(out),
+                *([] if plots else ["--no-plots"])]
         if comparison.reference:
             argv += ["--reference", comparison.reference]
         log(f"[study] tepo-verl compare ({study.name} {name}, {len(folders)} runs) -> {out}")
-        proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise StudyError(f"tepo-verl compare failed for the {study.name} {name} runs: {proc.stderr.strip()}")
+        printed, errors, cwd = io.StringIO(), io.StringIO(), os.getcwd()
+        os.chdir(REPO)  # the folders as the repository names them, as the committed tables record them
+        try:
+            with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(errors):
+                code = compare_main(argv)
+        finally:
+            os.chdir(cwd)
+        if code != 0:
+            raise StudyError(f"tepo-verl compare failed for the {study.name} {name} runs: {errors.getvalue().strip()}")
         written[name] = (comparison, out)
     return written
 
@@ -1166,7 +1175,7 @@ def uncalibrated_section(results: Path, steps: int) -> str:
     return "\n".join([MASK_COLLAPSE.page_begin, words, MASK_COLLAPSE.page_end])
 
 
-def write_page(results_root: Path, studies: list[Study], page: Path, python: str, log, plots: bool = True) -> None:
+def write_page(results_root: Path, studies: list[Study], page: Path, log, plots: bool = True) -> None:
     """Regenerate each study's comparisons and splice them into `page` between its markers (a study with no
     finished run keeps what the page has there)."""
     text = page.read_text(encoding="utf-8")
@@ -1177,7 +1186,7 @@ def write_page(results_root: Path, studies: list[Study], page: Path, python: str
         if study is MASK_COLLAPSE:  # not resolved: the calibration has met no level (yet)
             section = uncalibrated_section(results_root / study.results_name, int(study.regime["STEPS"]))
         else:
-            compared = compare(results_root / study.results_name, study, python, log, plots)
+            compared = compare(results_root / study.results_name, study, log, plots)
             if not compared:
                 log(f"[study] {study.name}: no finished runs yet; its part of {page} is left as it is")
                 continue
@@ -1226,7 +1235,7 @@ def main(argv: list[str] | None = None, log=print) -> int:
     try:
         study = resolved(study, args.results_root.resolve())
         if args.page:
-            write_page(args.results_root.resolve(), list(STUDIES.values()), args.page_file, python, log,
+            write_page(args.results_root.resolve(), list(STUDIES.values()), args.page_file, log,
                        plots=not args.no_plots)
             return 0
         steps = int(study.regime["STEPS"]) if args.steps is None else args.steps
@@ -1289,7 +1298,7 @@ def main(argv: list[str] | None = None, log=print) -> int:
         if failed:
             log(f"[study] {len(failed)} failed runs (rerun the same command to retry them): {', '.join(failed)}")
         if not args.no_compare:
-            write_page(args.results_root.resolve(), [study], args.page_file, python, log, plots=not args.no_plots)
+            write_page(args.results_root.resolve(), [study], args.page_file, log, plots=not args.no_plots)
     except (StudyError, RunError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -9,7 +9,6 @@ import gzip
 import json
 import os
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -240,7 +239,7 @@ def test_the_committed_results_page_is_what_the_committed_runs_give(tmp_path, na
     if not study.group_runs(results, chosen):
         assert not chosen.superseded, f"no committed runs in {results}"
         return  # a current study before its first committed run: the page keeps its placeholder
-    compared = study.compare(results, chosen, sys.executable, log=lambda *_: None, plots=False, out_root=tmp_path)
+    compared = study.compare(results, chosen, log=lambda *_: None, plots=False, out_root=tmp_path)
     expected = study.page_section(compared, page, chosen, results)
     text = page.read_text()
     committed = chosen.page_begin + text.split(chosen.page_begin)[1].split(chosen.page_end)[0] + chosen.page_end
@@ -494,7 +493,7 @@ def test_the_plans_calls_are_read_from_the_comparisons_runs(tmp_path):
         _finished_run(tmp_path, f"tepo-seed{seed}", [0.3] * (steps + 1), steps)
         _finished_run(tmp_path, f"tepo_nomask-seed{seed}", [0.3 - 0.001 * seed] * (steps + 1), steps)
         _finished_run(tmp_path, f"tepo-kl10-seed{seed}", [0.35 + 0.01 * seed] * (steps + 1), steps)  # higher
-    compared = study.compare(tmp_path, CHAIN, sys.executable, log=lambda *_: None, plots=False)
+    compared = study.compare(tmp_path, CHAIN, log=lambda *_: None, plots=False)
     calls = study.plan_calls(compared, CHAIN)
     (kl10,) = calls["dose"]  # tepo_nomask sits beside the dose arms, and is called in the main comparison only
     assert kl10.arm == "tepo-kl10" and kl10.planned == 5 and kl10.word == "consistent"
@@ -506,6 +505,21 @@ def test_the_plans_calls_are_read_from_the_comparisons_runs(tmp_path):
     section = "\n".join(study.calls_section(calls))
     assert "| tepo | tepo-kl10 | 5 of 5 | -0.0800 |" in section and "| consistent | tepo-kl10 |" in section
     assert "- **`kl_coef`**: pending (the dose arms' seeds 1-5)." in section  # tepo-kl100 has no run
+
+
+def test_a_comparison_that_compare_refuses_ends_the_study_with_its_error_line(tmp_path):
+    """compare's one-line error (here a metrics line that is not JSON) ends the study as a StudyError naming the
+    comparison, and compare's printout and the working folder are left as they were."""
+    for seed in (1, 2):
+        _finished_run(tmp_path, f"tepo-seed{seed}", [0.3] * 4)
+        _finished_run(tmp_path, f"tepo_nomask-seed{seed}", [0.3] * 4)
+    with (tmp_path / "tepo-seed2" / "metrics.jsonl").open("a") as metrics:
+        metrics.write("not json\n")
+    cwd = os.getcwd()
+    with pytest.raises(study.StudyError, match=r"^tepo-verl compare failed for the cpu-chain main runs: "
+                                               r"tepo-verl compare: error: .*tepo-seed2.*metrics\.jsonl"):
+        study.compare(tmp_path, CHAIN, log=lambda *_: None, plots=False)
+    assert os.getcwd() == cwd
 
 
 def test_a_run_cut_short_leaves_no_process_of_its_own_behind(tmp_path):

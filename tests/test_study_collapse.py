@@ -279,7 +279,7 @@ def test_the_comparisons_part_of_the_page_waits_then_says_it_did_not_run(tmp_pat
     page.write_text(f"before\n{short.page_begin}\nold words\n{short.page_end}\nafter\n")
 
     def part() -> str:
-        study.write_page(results, [short], page, "python", log=lambda *_: None, plots=False)
+        study.write_page(results, [short], page, log=lambda *_: None, plots=False)
         text = page.read_text()
         assert text.startswith("before\n") and text.endswith("\nafter\n")
         return text.split(short.page_begin)[1].split(short.page_end)[0].strip()
