@@ -90,7 +90,7 @@ def test_verl_rlhf_dataset_loads_them_with_a_qwen_tokenizer(offline_out):
 
     _, out = offline_out
     tokenizer = conftest_data.qwen_tokenizer()
-    files = [str(out / f"{name}.parquet") for name in ("aime24", "amc23", "olympiadbench")]
+    files = [str(out / f"{name}.parquet") for name in ("aime24", "amc23")]
     rows = [r for f in files for r in pq.read_table(f).to_pylist()]
     lengths = [
         len(tokenizer(tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False),
