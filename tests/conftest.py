@@ -8,7 +8,8 @@ when the run ends.
 And how `make test` and `make check` share the tests between two pytest-xdist workers (`--dist loadscope
 --no-loadscope-reorder`): a test file's tests stay on one worker, so its module fixtures are built once, and the
 end-to-end files' tests (test_e2e_*.py) go to one worker, first and in order, while the other worker runs the rest
-beside them.
+beside them; while they do, that other worker and everything it starts keep to the upper half of the CPUs
+(pytest_runtest_setup), so that the trainer runs keep the lower half.
 
 And each distinct YAML text is parsed once per test process (tests/yaml_memo.py): the suite composes verl's config
 some hundred times in each process."""
@@ -50,6 +51,32 @@ def scope(nodeid: str) -> str:
     """A test's share of the work under `make test`: its file, or "e2e" for every end-to-end file (test_e2e_*.py)."""
     path = nodeid.split("::")[0]
     return "e2e" if Path(path).name.startswith("test_e2e_") else path
+
+
+def other_tests_cpus(available: set[int]) -> set[int]:
+    """The CPUs the other worker keeps to while the end-to-end runs go on: the upper half (at least one)."""
+    ordered = sorted(available)
+    return set(ordered[len(ordered) // 2:])
+
+
+_suite = {"e2e begun here": False, "kept apart": False}
+
+
+def pytest_runtest_setup(item):
+    """In the worker that does not run the end-to-end tests, from its first test on: it and every process it starts
+    keep to the upper half of the CPUs (other_tests_cpus), so the trainer runs, which need about one core each (a
+    GRPO run took 206 s beside a busy loop on the other core, 199 s alone), keep the lower half. Only under
+    pytest-xdist, and only where the run has end-to-end tests (not under `make check`)."""
+    if scope(item.nodeid) == "e2e":
+        _suite["e2e begun here"] = True
+        return
+    if _suite["e2e begun here"] or _suite["kept apart"] or not hasattr(item.config, "workerinput"):
+        return
+    if any(scope(other.nodeid) == "e2e" for other in item.session.items):
+        _suite["kept apart"] = True
+        cpus = other_tests_cpus(os.sched_getaffinity(0))
+        for thread in os.listdir("/proc/self/task"):  # the affinity is a thread's: set it for each one
+            os.sched_setaffinity(int(thread), cpus)
 
 
 def pytest_collection_modifyitems(config, items):

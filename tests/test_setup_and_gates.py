@@ -14,6 +14,7 @@ from _pytest.outcomes import Failed, Skipped
 from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import conftest as suite_conftest  # noqa: E402  (the suite's conftest.py, which pytest has imported as conftest)
 import conftest_data  # noqa: E402
 import conftest_e2e  # noqa: E402
 import recipe_standin  # noqa: E402
@@ -295,7 +296,8 @@ def test_any_skip_fails_under_ci(tmp_path):
 _RECORD = """import os, pytest
 def record(name):
     with open(os.environ["ORDER_LOG"], "a") as log:
-        log.write(f"{os.environ.get('PYTEST_XDIST_WORKER', 'master')} {__name__} {name}\\n")
+        cpus = ",".join(map(str, sorted(os.sched_getaffinity(0))))
+        log.write(f"{os.environ.get('PYTEST_XDIST_WORKER', 'master')} {__name__} {name} {cpus}\\n")
 """
 
 
@@ -306,7 +308,8 @@ def _standin_suite(tmp_path):
         f"spec = importlib.util.spec_from_file_location('suite_conftest', {str(REPO / 'tests' / 'conftest.py')!r})\n"
         "suite = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(suite)\n"
         "pytest_collection_modifyitems = suite.pytest_collection_modifyitems\n"
-        "pytest_xdist_make_scheduler = suite.pytest_xdist_make_scheduler\n")
+        "pytest_xdist_make_scheduler = suite.pytest_xdist_make_scheduler\n"
+        "pytest_runtest_setup = suite.pytest_runtest_setup\n")
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    e2e: a trainer run\n")
     files = {"test_a.py": "", "test_e2e_b.py": "pytestmark = pytest.mark.e2e\n", "test_c.py": "",
              "test_e2e_d.py": "pytestmark = pytest.mark.e2e\n"}
@@ -332,17 +335,36 @@ def test_make_tests_xdist_sharing_keeps_a_file_on_one_worker_and_every_e2e_test_
     runs = _run_standin(tmp_path, *XDIST.split())
     assert len(runs) == 16
     modules = ("test_a", "test_e2e_b", "test_c")
-    workers = {module: {worker for worker, m, _ in runs if m == module} for module in modules}
+    workers = {module: {worker for worker, m, _, _ in runs if m == module} for module in modules}
     assert all(len(on) == 1 for on in workers.values()), workers
     e2e_worker = workers["test_e2e_b"].pop()
-    on_it = [(module, int(name)) for worker, module, name in runs if worker == e2e_worker]
+    on_it = [(module, int(name)) for worker, module, name, _ in runs if worker == e2e_worker]
     assert on_it[:8] == [("test_e2e_b", i) for i in range(4)] + [("test_e2e_d", i) for i in range(4)], on_it
+    # the other worker keeps to the upper half of the CPUs from its first test on; the end-to-end worker to none
+    every_cpu = ",".join(map(str, sorted(os.sched_getaffinity(0))))
+    upper_half = ",".join(map(str, sorted(suite_conftest.other_tests_cpus(os.sched_getaffinity(0)))))
+    assert {cpus for worker, _, _, cpus in runs if worker != e2e_worker} == {upper_half}, runs
+    assert {cpus for worker, _, _, cpus in runs if worker == e2e_worker} == {every_cpu}, runs
+
+
+def test_without_end_to_end_tests_no_worker_keeps_to_part_of_the_cpus(tmp_path):
+    """`make check` (-m "not e2e"): both workers run on every CPU."""
+    runs = _run_standin(tmp_path, *XDIST.split(), "-m", "not e2e")
+    assert len(runs) == 8 and len({worker for worker, _, _, _ in runs}) == 2
+    assert {cpus for _, _, _, cpus in runs} == {",".join(map(str, sorted(os.sched_getaffinity(0))))}
+
+
+@pytest.mark.parametrize("available, upper", [({0}, {0}), ({0, 1}, {1}), ({3, 5, 9}, {5, 9}), (set(range(16)),
+                                                                                            set(range(8, 16)))])
+def test_the_other_worker_takes_the_upper_half_of_the_cpus(available, upper):
+    assert suite_conftest.other_tests_cpus(available) == upper
 
 
 def test_the_suite_runs_without_pytest_xdist_end_to_end_files_first(tmp_path):
     """`python -m pytest` where pytest-xdist is absent (here switched off): the conftest's xdist hook is optional,
     so the suite still runs, on one process, with the end-to-end files first."""
     runs = _run_standin(tmp_path, "-p", "no:xdist")
-    order = [(module, int(name)) for _, module, name in runs]
+    order = [(module, int(name)) for _, module, name, _ in runs]
     assert order[:8] == [("test_e2e_b", i) for i in range(4)] + [("test_e2e_d", i) for i in range(4)], order
-    assert len(order) == 16 and {worker for worker, _, _ in runs} == {"master"}
+    assert len(order) == 16 and {worker for worker, _, _, _ in runs} == {"master"}
+    assert {cpus for _, _, _, cpus in runs} == {",".join(map(str, sorted(os.sched_getaffinity(0))))}
