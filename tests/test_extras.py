@@ -81,25 +81,6 @@ def test_a_command_without_its_extra_names_the_extra_in_one_line(extra, blocked,
     assert f"'{extra}' extra ({', '.join(blocked)} not installed)" in line, line
 
 
-def test_verl_loading_the_reward_without_its_extra_names_the_extra():
-    """The GPU recipes hand verl tepo_verl/reward/math_reward.py by path; verl loads it in its reward workers."""
-    code = """
-        from verl.utils.import_utils import load_extern_object
-        import tepo_verl
-        path = tepo_verl.__path__[0] + "/reward/math_reward.py"
-        try:
-            load_extern_object(path, "compute_score")
-        except RuntimeError as error:  # verl wraps what the module raised
-            print(type(error.__cause__).__name__, error.__cause__)
-        """
-    require_module("verl")
-    proc = _run(code, ["math_verify"])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip().splitlines()[-1] == (
-        "MissingExtra tepo_verl.reward needs tepo-verl's 'reward' extra (math_verify not installed): "
-        "pip install 'tepo-verl[reward]'")
-
-
 def test_a_gpu_recipe_without_the_reward_extra_stops_in_one_line(tmp_path):
     """The recipes score with tepo-verl's maths reward: without its extra they stop before verl starts, in one line."""
     site = tmp_path / "site"
@@ -115,15 +96,19 @@ def test_a_gpu_recipe_without_the_reward_extra_stops_in_one_line(tmp_path):
                            "pip install 'tepo-verl[reward]'\n")
 
 
-def test_the_loss_loads_and_runs_without_any_extra():
+def test_the_loss_loads_and_runs_without_any_extra_and_verl_loading_the_reward_names_its_extra():
     """`import verl` registers TEPO, and the loss and the estimator compute, with every module of the reward and
-    report extras gone that verl does not need itself (it brings pandas, pyarrow, datasets with it)."""
+    report extras gone that verl does not need itself (it brings pandas, pyarrow, datasets with it). In the same
+    process verl loads tepo_verl/reward/math_reward.py by path, as the GPU recipes have its reward workers do: the
+    error it raises names the extra."""
     require_module("verl")
     code = """
         import json, torch
         import verl
+        import tepo_verl
         from tepo_verl.verl_adapter import plugin
         from verl.trainer.ppo import core_algos
+        from verl.utils.import_utils import load_extern_object
         from omegaconf import OmegaConf
         config = OmegaConf.create({"clip_ratio": 0.2, "clip_ratio_low": 0.2, "clip_ratio_high": 0.2,
                                    "policy_loss": {"loss_mode": "tepo", "tepo": {"mask_rule": "always"}}})
@@ -133,7 +118,13 @@ def test_the_loss_loads_and_runs_without_any_extra():
         loss, _ = core_algos.get_policy_loss_fn("tepo")(old, log_prob, advantages, mask, "token-mean", config)
         scores = torch.tensor([[0.0, 0.0, 1.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
         adv, _ = core_algos.get_adv_estimator_fn("tepo")(scores, torch.ones(4, 3), ["a", "a", "b", "b"])
-        print(json.dumps({"error": repr(plugin.LOAD_ERROR), "loss": float(loss), "adv": adv[:, 0].tolist()}))
+        try:
+            load_extern_object(tepo_verl.__path__[0] + "/reward/math_reward.py", "compute_score")
+            reward_error = None
+        except RuntimeError as error:  # verl wraps what the module raised
+            reward_error = f"{type(error.__cause__).__name__} {error.__cause__}"
+        print(json.dumps({"error": repr(plugin.LOAD_ERROR), "loss": float(loss), "adv": adv[:, 0].tolist(),
+                          "reward_error": reward_error}))
         """
     blocked = [module for module in _modules("reward") + _modules("report") if module not in _verls_own_modules()]
     assert {"math_verify", "pebble", "matplotlib", "tabulate"} <= set(blocked)
@@ -142,6 +133,9 @@ def test_the_loss_loads_and_runs_without_any_extra():
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["error"] == "None" and out["loss"] == out["loss"]  # loaded, and a finite (not NaN) loss
     assert out["adv"][0] > 0 > out["adv"][1]  # the estimator ran: the rewarded response of group a is above its mate
+    missing = ", ".join(module for module in _modules("reward") if module in blocked)
+    assert out["reward_error"] == (f"MissingExtra tepo_verl.reward needs tepo-verl's 'reward' extra ({missing} not "
+                                   "installed): pip install 'tepo-verl[reward]'")
 
 
 def test_the_plugins_requirements_are_the_losss_and_the_tools_are_extras(tmp_path):
