@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -126,15 +124,16 @@ def test_will_resume_as_verl_decides(tmp_path):
                                            f"trainer.resume_from_path={ckpt}/global_step_2"])
 
 
-def test_the_recipes_command(tmp_path):
+def test_the_recipes_command(tmp_path, capsys):
+    """What the recipes run before verl's trainer (`python -m tepo_verl.report.runs keep-segments ...`, in
+    recipes/common.sh and recipes/cpu.sh; the legacy trainer's resumed end-to-end run runs it through cpu.sh),
+    beside a checkpoint verl resumes from."""
     metrics = write(tmp_path / "run" / "metrics.jsonl", [(1, {"critic/score/mean": 0.1})])
     ckpt = tmp_path / "run" / "checkpoints"
     _checkpoint(ckpt, 1)
-    result = subprocess.run([sys.executable, "-m", "tepo_verl.report.runs", "keep-segments", str(metrics), str(ckpt),
-                             "algorithm=tepo"], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == (f"[tepo-verl] {metrics}: resuming: kept the metrics so far as "
-                                     "metrics.segment-1.jsonl (tepo-verl compare reads the segments as one run)")
+    assert runs_main(["keep-segments", str(metrics), str(ckpt), "algorithm=tepo"]) == 0
+    assert capsys.readouterr().out == (f"[tepo-verl] {metrics}: resuming: kept the metrics so far as "
+                                       "metrics.segment-1.jsonl (tepo-verl compare reads the segments as one run)\n")
     assert segments(metrics) == [metrics.with_name("metrics.segment-1.jsonl")]
 
 
