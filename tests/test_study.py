@@ -30,7 +30,7 @@ if [[ "${FAKE_ALGO:-}" == "$ALGO" && "${FAKE_FAIL:-0}" == 1 ]]; then exit 1; fi
 if [[ "${FAKE_ALGO:-}" == "$ALGO" && "${FAKE_SHORT:-0}" == 1 ]]; then last=$((STEPS - 1)); fi
 for ((step = 0; step <= last; step++)); do
   slope=0.05; if [[ "${FAKE_ALGO:-}" == "$ALGO" && "${FAKE_FLAT:-0}" == 1 ]]; then slope=0.01; fi
-  acc=$(python -c "print(min(1.0, 0.25 + $slope * $step + 0.01 * $SEED))")
+  acc=$(awk -v slope="$slope" -v step="$step" -v seed="$SEED" 'BEGIN { acc = 0.25 + slope * step + 0.01 * seed; print (acc < 1 ? acc : 1) }')
   echo "{\"step\": $step, \"data\": {\"critic/score/mean\": $acc, \"val-core/tepo_tiny_chain/acc/mean@1\": $acc, \"timing_s/step\": 2.0}}" >> "$RUN_DIR/metrics.jsonl"
 done
 echo "console of $ALGO seed $SEED" > "$RUN_DIR/console.log"
