@@ -141,9 +141,10 @@ def processes_mentioning(marker: str) -> list[int]:
     return found
 
 
-def stop_processes(pids: list[int]) -> None:
-    """SIGTERM, then SIGKILL what is left after 20 s; returns once they are gone (or 20 s after the SIGKILL)."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+def stop_processes(pids: list[int], signals: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGKILL)) -> None:
+    """Each of `signals` in turn (by default SIGTERM, then SIGKILL what is left after 20 s); returns once they are
+    gone (or 20 s after the last)."""
+    for sig in signals:
         for pid in pids:
             try:
                 os.kill(pid, sig)
