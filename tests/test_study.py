@@ -509,7 +509,7 @@ def test_the_plans_calls_are_read_from_the_comparisons_runs(tmp_path):
 
 def test_a_comparison_that_compare_refuses_ends_the_study_with_its_error_line(tmp_path):
     """compare's one-line error (here a metrics line that is not JSON) ends the study as a StudyError naming the
-    comparison, and compare's printout and the working folder are left as they were."""
+    comparison, and the working folder is restored."""
     for seed in (1, 2):
         _finished_run(tmp_path, f"tepo-seed{seed}", [0.3] * 4)
         _finished_run(tmp_path, f"tepo_nomask-seed{seed}", [0.3] * 4)
