@@ -59,7 +59,7 @@ def other_tests_cpus(available: set[int]) -> set[int]:
     return set(ordered[len(ordered) // 2:])
 
 
-_suite = {"e2e begun here": False, "kept apart": False}
+_suite = {"e2e begun here": False, "decided": False}
 
 
 def pytest_runtest_setup(item):
@@ -70,10 +70,10 @@ def pytest_runtest_setup(item):
     if scope(item.nodeid) == "e2e":
         _suite["e2e begun here"] = True
         return
-    if _suite["e2e begun here"] or _suite["kept apart"] or not hasattr(item.config, "workerinput"):
+    if _suite["e2e begun here"] or _suite["decided"] or not hasattr(item.config, "workerinput"):
         return
+    _suite["decided"] = True  # at this worker's first test, once: the session's items do not change
     if any(scope(other.nodeid) == "e2e" for other in item.session.items):
-        _suite["kept apart"] = True
         cpus = other_tests_cpus(os.sched_getaffinity(0))
         for thread in os.listdir("/proc/self/task"):  # the affinity is a thread's: set it for each one
             os.sched_setaffinity(int(thread), cpus)
