@@ -17,17 +17,18 @@ def test_it_is_installed_in_the_test_process():
     assert isinstance(omegaconf.omegaconf.yaml, yaml_memo._MemoYaml)
 
 
-def test_a_composition_with_the_memo_is_the_one_without_it(monkeypatch):
-    overrides = ["+algorithm=tepo", "trainer.device=cpu"]
-    compose_config(overrides)  # the memo has seen every file
-    with_memo = OmegaConf.to_yaml(compose_config(overrides))
-    monkeypatch.setattr(omegaconf.omegaconf, "yaml", yaml)
-    assert with_memo == OmegaConf.to_yaml(compose_config(overrides))
-
-
 def _composed_afresh(overrides):
+    """A composition by Hydra itself, past compose_config's kept compositions."""
     with initialize_config_module(config_module="verl.trainer.config", version_base=None):
         return compose(config_name="ppo_trainer", overrides=[*verl_config.BASE, *overrides])
+
+
+def test_a_composition_with_the_memo_is_the_one_without_it(monkeypatch):
+    overrides = ["+algorithm=tepo", "trainer.device=cpu"]
+    _composed_afresh(overrides)  # the memo has seen every file
+    with_memo = OmegaConf.to_yaml(_composed_afresh(overrides))
+    monkeypatch.setattr(omegaconf.omegaconf, "yaml", yaml)
+    assert with_memo == OmegaConf.to_yaml(_composed_afresh(overrides))
 
 
 def test_a_kept_composition_is_a_fresh_one_and_a_change_to_it_reaches_no_later_call():
