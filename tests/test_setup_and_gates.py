@@ -301,6 +301,14 @@ def record(name):
 """
 
 
+def _cpu_list(cpus) -> str:
+    """CPUs as the stand-in tests record them (_RECORD): sorted, comma-separated."""
+    return ",".join(map(str, sorted(cpus)))
+
+
+EVERY_CPU = _cpu_list(os.sched_getaffinity(0))
+
+
 def _standin_suite(tmp_path):
     """Four stand-in test files (two end-to-end) under the suite's own conftest hooks; returns $ORDER_LOG's path."""
     (tmp_path / "conftest.py").write_text(  # the suite's conftest's hooks, loaded under another module name
@@ -341,17 +349,16 @@ def test_make_tests_xdist_sharing_keeps_a_file_on_one_worker_and_every_e2e_test_
     on_it = [(module, int(name)) for worker, module, name, _ in runs if worker == e2e_worker]
     assert on_it[:8] == [("test_e2e_b", i) for i in range(4)] + [("test_e2e_d", i) for i in range(4)], on_it
     # the other worker keeps to the upper half of the CPUs from its first test on; the end-to-end worker to none
-    every_cpu = ",".join(map(str, sorted(os.sched_getaffinity(0))))
-    upper_half = ",".join(map(str, sorted(suite_conftest.other_tests_cpus(os.sched_getaffinity(0)))))
+    upper_half = _cpu_list(suite_conftest.other_tests_cpus(os.sched_getaffinity(0)))
     assert {cpus for worker, _, _, cpus in runs if worker != e2e_worker} == {upper_half}, runs
-    assert {cpus for worker, _, _, cpus in runs if worker == e2e_worker} == {every_cpu}, runs
+    assert {cpus for worker, _, _, cpus in runs if worker == e2e_worker} == {EVERY_CPU}, runs
 
 
 def test_without_end_to_end_tests_no_worker_keeps_to_part_of_the_cpus(tmp_path):
     """`make check` (-m "not e2e"): both workers run on every CPU."""
     runs = _run_standin(tmp_path, *XDIST.split(), "-m", "not e2e")
     assert len(runs) == 8 and len({worker for worker, _, _, _ in runs}) == 2
-    assert {cpus for _, _, _, cpus in runs} == {",".join(map(str, sorted(os.sched_getaffinity(0))))}
+    assert {cpus for _, _, _, cpus in runs} == {EVERY_CPU}
 
 
 @pytest.mark.parametrize("available, upper", [({0}, {0}), ({0, 1}, {1}), ({3, 5, 9}, {5, 9}), (set(range(16)),
@@ -367,4 +374,4 @@ def test_the_suite_runs_without_pytest_xdist_end_to_end_files_first(tmp_path):
     order = [(module, int(name)) for _, module, name, _ in runs]
     assert order[:8] == [("test_e2e_b", i) for i in range(4)] + [("test_e2e_d", i) for i in range(4)], order
     assert len(order) == 16 and {worker for worker, _, _, _ in runs} == {"master"}
-    assert {cpus for _, _, _, cpus in runs} == {",".join(map(str, sorted(os.sched_getaffinity(0))))}
+    assert {cpus for _, _, _, cpus in runs} == {EVERY_CPU}
