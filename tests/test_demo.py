@@ -38,7 +38,7 @@ FAKE_RECIPE = textwrap.dedent(
       [[ "$ALGO" == dapo && $step == 1 ]] && data="$data, \\"training/filter_groups/evicted_samples\\": 8"
       [[ "$ALGO" == tepo ]] && data="$data, \\"actor/tepo/mask_frac\\": 0.1"
       printf '%s' "{\\"step\\": $step, \\"data\\": $data}}" >> "$RUN_DIR/metrics.jsonl"   # a line being written
-      sleep 0.2
+      sleep 0.05
       printf '\\n' >> "$RUN_DIR/metrics.jsonl"
       acc=0.3$step
     done
@@ -53,6 +53,7 @@ def fake_recipe(tmp_path, monkeypatch):
     monkeypatch.setattr(demo, "RECIPE", script)
     monkeypatch.setattr(demo, "check_stack", lambda: None)
     monkeypatch.setattr(demo, "prepare_tiny", lambda: ("[tiny] stand-in", 149_568))
+    monkeypatch.setattr(demo, "POLL_S", 0.05)  # the stand-in logs a step every 0.05 s, not every few seconds
     monkeypatch.chdir(tmp_path)
     return script
 

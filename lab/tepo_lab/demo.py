@@ -34,6 +34,8 @@ RECIPE = REPO / "recipes" / "cpu.sh"
 DEFAULT_ALGOS = ("tepo", "grpo", "dapo")
 REWARD = "critic/score/mean"
 EVICTED = "training/filter_groups/evicted_samples"
+#: Seconds between two reads of a run's metrics file (verl logs a step every few seconds on the tiny models).
+POLL_S = 1.0
 #: The committed studies the demo quotes, in order of preference: the first whose main comparison has finished
 #: runs of two arms or more is quoted. Each is benchmarks/results/<name>/ with run folders <arm>-seed<k>/
 #: (metrics.jsonl.gz, run.json), study.json, and compare/main/ (the main arms' comparison: compare.csv,
@@ -157,7 +159,7 @@ def run_one(algo: str, args: argparse.Namespace, env: dict[str, str]) -> Path:
                     proc.terminate()
                     proc.wait(30)
                     raise RuntimeError(f"{algo}: no result after {args.timeout} s (--timeout); log: {run_dir}")
-                time.sleep(1.0)
+                time.sleep(POLL_S)
         except BaseException:
             if proc.poll() is None:
                 proc.terminate()
