@@ -58,23 +58,28 @@ def test_the_head_start_is_the_preloaded_modules_and_no_module_of_verl_or_the_pl
 
 def test_a_run_past_its_timeout_is_killed_and_raises_as_subprocess_does():
     with pytest.raises(subprocess.TimeoutExpired) as raised:
-        fresh_python.run(["-c", "import time; print('started', flush=True); time.sleep(60)"], timeout=2)
-    assert raised.value.timeout == 2 and raised.value.output == "started\n"
+        fresh_python.run(["-c", "import time; print('started', flush=True); time.sleep(60)"], timeout=1)
+    assert raised.value.timeout == 1 and raised.value.output == "started\n"
     assert fresh_python.run(["-c", "print('next')"]).stdout == "next\n"  # the server goes on
 
 
-def test_a_child_that_ends_before_its_pid_is_read_is_seen_to_end(monkeypatch):
+def test_a_child_that_ends_before_its_pid_is_read_is_seen_to_end(monkeypatch, tmp_path):
     """Under load the child can end before the test reads the server's first reply, so both replies arrive at once:
     the second must be found where the first was read, not waited for on the pipe until the timeout."""
     send = fresh_python._send
+    ended = tmp_path / "ended"
 
     def send_then_stall(server, request):
         send(server, request)
-        time.sleep(3)  # the child (one print) ends and the server writes both replies meanwhile
+        deadline = time.monotonic() + 20
+        while not ended.exists() and time.monotonic() < deadline:  # the child prints, then marks its end
+            time.sleep(0.02)
+        time.sleep(0.3)  # meanwhile the server reaps it and writes both replies
 
     monkeypatch.setattr(fresh_python, "_send", send_then_stall)
     started = time.monotonic()
-    assert fresh_python.run(["-c", "print('quick')"], timeout=30).stdout == "quick\n"
+    code = f"print('quick'); open({str(ended)!r}, 'w').close()"
+    assert fresh_python.run(["-c", code], timeout=30).stdout == "quick\n"
     assert time.monotonic() - started < 20
     monkeypatch.undo()
     assert fresh_python.run(["-c", "print('next')"]).stdout == "next\n"  # and the replies stay in step
