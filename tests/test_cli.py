@@ -121,13 +121,19 @@ def test_cpu_check_bad_argument(capsys):
     assert "unrecognized arguments: --fast" in capsys.readouterr().err
 
 
+def _the_tested_stack() -> dict[str, str]:
+    """The CPU stack's versions as cpu-check wants them (the last accepted version of each)."""
+    from tepo_lab.cpu import versions
+
+    return {name: accepted[-1] for name, accepted in versions.REQUIRED.items()}
+
+
 def test_cpu_check_vllm_that_does_not_import(monkeypatch, capsys):
     import sys
 
     from tepo_lab.cpu import versions
 
-    tested = {name: accepted[-1] for name, accepted in versions.REQUIRED.items()}
-    monkeypatch.setattr(versions, "installed_versions", lambda names=None: tested)
+    monkeypatch.setattr(versions, "installed_versions", lambda names=None: _the_tested_stack())
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
     monkeypatch.setattr(versions, "hook_problem", lambda entry_points=None, environ=None: None)
     _one_line_error(capsys, lab_main(["cpu-check"]), 1, "error: vllm does not import: ModuleNotFoundError",
@@ -137,9 +143,7 @@ def test_cpu_check_vllm_that_does_not_import(monkeypatch, capsys):
 def test_cpu_check_mismatched_stack(monkeypatch, capsys):
     from tepo_lab.cpu import versions
 
-    monkeypatch.setattr(versions, "installed_versions",
-                        lambda names=None: {**{name: accepted[-1] for name, accepted in versions.REQUIRED.items()},
-                                            "verl": "0.8.0"})
+    monkeypatch.setattr(versions, "installed_versions", lambda names=None: {**_the_tested_stack(), "verl": "0.8.0"})
     assert lab_main(["cpu-check"]) == 1
     assert "verl: installed 0.8.0, required 0.9.0 or 0.9.1" in capsys.readouterr().err
 
@@ -147,8 +151,7 @@ def test_cpu_check_mismatched_stack(monkeypatch, capsys):
 def test_cpu_check_without_the_labs_entry_point(monkeypatch, capsys):
     from tepo_lab.cpu import versions
 
-    tested = {name: accepted[-1] for name, accepted in versions.REQUIRED.items()}
-    monkeypatch.setattr(versions, "installed_versions", lambda names=None: tested)
+    monkeypatch.setattr(versions, "installed_versions", lambda names=None: _the_tested_stack())
     monkeypatch.setenv("VERL_USE_EXTERNAL_PLUGINS", "tepo")
     _one_line_error(capsys, lab_main(["cpu-check"]), 1, "error: VERL_USE_EXTERNAL_PLUGINS='tepo' keeps verl from "
                     "loading the CPU mode's entry point 'tepo_cpu'")
@@ -189,14 +192,14 @@ def test_cpu_check_without_the_import_check_leaves_vllm_alone(monkeypatch, capsy
 
     from tepo_lab.cpu import versions
 
-    tested = {name: accepted[-1] for name, accepted in versions.REQUIRED.items()}
-    monkeypatch.setattr(versions, "installed_versions", lambda names=None: tested)
+    monkeypatch.setattr(versions, "installed_versions", lambda names=None: _the_tested_stack())
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` would raise ImportError
     monkeypatch.setattr(versions, "hook_problem", lambda entry_points=None, environ=None: None)
     assert lab_main(["cpu-check", "--no-import"]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == (
         "ok: the tested CPU stack is installed and verl loads the CPU mode's entry point (vllm's import not checked: "
         "--no-import)")
-    monkeypatch.setattr(versions, "installed_versions", lambda names=None: {**tested, "verl": "0.8.0"})  # still checked
+    # the versions are still checked
+    monkeypatch.setattr(versions, "installed_versions", lambda names=None: {**_the_tested_stack(), "verl": "0.8.0"})
     assert lab_main(["cpu-check", "--no-import"]) == 1
     assert "verl: installed 0.8.0, required 0.9.0 or 0.9.1" in capsys.readouterr().err
