@@ -8,7 +8,6 @@ import pytest
 import verl_config
 import yaml
 import yaml_memo
-from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 from verl_config import compose_config
 
@@ -18,9 +17,8 @@ def test_it_is_installed_in_the_test_process():
 
 
 def _composed_afresh(overrides):
-    """A composition by Hydra itself, past compose_config's kept compositions."""
-    with initialize_config_module(config_module="verl.trainer.config", version_base=None):
-        return compose(config_name="ppo_trainer", overrides=[*verl_config.BASE, *overrides])
+    """A composition by Hydra itself, past compose_config's kept compositions (command_line_config keeps none)."""
+    return verl_config.command_line_config([*verl_config.BASE, *overrides])
 
 
 def test_a_composition_with_the_memo_is_the_one_without_it(monkeypatch):
