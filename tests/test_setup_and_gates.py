@@ -292,12 +292,23 @@ def test_any_skip_fails_under_ci(tmp_path):
             assert "CI=true, and the test skipped (Skipped: no frobnicator here)" in proc.stdout, proc.stdout[-2000:]
 
 
-#: Test files for the worker-sharing check: each test appends its worker, file and name to $ORDER_LOG.
-_RECORD = """import os, pytest
+#: Test files for the worker-sharing check: each test appends its worker, file and name to $ORDER_LOG. And how
+#: each process ends, in $ORDER_LOG.exit: each file registers an exit handler and keeps an object whose finalizer
+#: runs when the interpreter tears the module down.
+_RECORD = """import atexit, os, pytest
 def record(name):
     with open(os.environ["ORDER_LOG"], "a") as log:
         cpus = ",".join(map(str, sorted(os.sched_getaffinity(0))))
         log.write(f"{os.environ.get('PYTEST_XDIST_WORKER', 'master')} {__name__} {name} {cpus}\\n")
+def note_end(event, open=open, path=os.environ["ORDER_LOG"] + ".exit",
+             who=os.environ.get("PYTEST_XDIST_WORKER", "master")):
+    with open(path, "a") as log:
+        log.write(f"{who} {__name__} {event}\\n")
+atexit.register(note_end, "exit-handler")
+class _TornDown:
+    def __del__(self):
+        note_end("teardown")
+_kept = _TornDown()
 """
 
 
@@ -319,7 +330,8 @@ def _standin_suite(tmp_path):
         "suite = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(suite)\n"
         "pytest_collection_modifyitems = suite.pytest_collection_modifyitems\n"
         "pytest_xdist_make_scheduler = suite.pytest_xdist_make_scheduler\n"
-        "pytest_runtest_setup = suite.pytest_runtest_setup\n")
+        "pytest_runtest_setup = suite.pytest_runtest_setup\n"
+        "pytest_unconfigure = suite.pytest_unconfigure\n")
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    e2e: a trainer run\n")
     files = {"test_a.py": "", "test_e2e_b.py": "pytestmark = pytest.mark.e2e\n", "test_c.py": "",
              "test_e2e_d.py": "pytestmark = pytest.mark.e2e\n"}
@@ -339,6 +351,17 @@ def _run_standin(tmp_path, *args):
     return [line.split() for line in log.read_text().splitlines()]
 
 
+def _ends(tmp_path) -> dict[str, list[tuple[str, str]]]:
+    """How the stand-in run's processes ended: worker -> its (module, event)s, sorted (_RECORD)."""
+    ends: dict[str, list[tuple[str, str]]] = {}
+    for worker, module, event in (line.split() for line in (tmp_path / "order.log.exit").read_text().splitlines()):
+        ends.setdefault(worker, []).append((module, event))
+    return {worker: sorted(events) for worker, events in ends.items()}
+
+
+_MODULES = ("test_a", "test_c", "test_e2e_b", "test_e2e_d")
+
+
 def test_make_tests_xdist_sharing_keeps_a_file_on_one_worker_and_every_e2e_test_first_on_one(tmp_path):
     """tests/conftest.py's scopes under `make test`'s XDIST, on stand-in files: the end-to-end files' tests run on
     one worker, before anything else there and in file order; every other file's tests stay on one worker each."""
@@ -356,11 +379,13 @@ def test_make_tests_xdist_sharing_keeps_a_file_on_one_worker_and_every_e2e_test_
     assert {cpus for worker, _, _, cpus in runs if worker == e2e_worker} == {_this_process_cpus()}, runs
 
 
-def test_without_end_to_end_tests_no_worker_keeps_to_part_of_the_cpus(tmp_path):
-    """`make check` (-m "not e2e"): both workers run on every CPU."""
+def test_make_checks_workers_use_every_cpu_and_end_after_their_exit_handlers_without_teardown(tmp_path):
+    """`make check` (-m "not e2e"): both workers run on every CPU. And each worker ends once its exit handlers have
+    run, without the interpreter's teardown of its modules (the run without pytest-xdist below has one)."""
     runs = _run_standin(tmp_path, *XDIST.split(), "-m", "not e2e")
     assert len(runs) == 8 and len({worker for worker, _, _, _ in runs}) == 2
     assert {cpus for _, _, _, cpus in runs} == {_this_process_cpus()}
+    assert _ends(tmp_path) == {worker: [(module, "exit-handler") for module in _MODULES] for worker in ("gw0", "gw1")}
 
 
 @pytest.mark.parametrize("available, upper", [({0}, {0}), ({0, 1}, {1}), ({3, 5, 9}, {5, 9}), (set(range(16)),
@@ -377,3 +402,6 @@ def test_the_suite_runs_without_pytest_xdist_end_to_end_files_first(tmp_path):
     assert order[:8] == [("test_e2e_b", i) for i in range(4)] + [("test_e2e_d", i) for i in range(4)], order
     assert len(order) == 16 and {worker for worker, _, _, _ in runs} == {"master"}
     assert {cpus for _, _, _, cpus in runs} == {_this_process_cpus()}
+    # one process, not a worker: its exit handlers run, then the interpreter tears its modules down as usual
+    assert _ends(tmp_path) == {"master": sorted((module, event) for module in _MODULES
+                                                for event in ("exit-handler", "teardown"))}
