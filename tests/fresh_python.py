@@ -9,8 +9,9 @@ which sets up what a new `python ARGS` has (argv and orig_argv, sys.path with PY
 working directory, a new `__main__`, stdout and stderr into files) and runs ARGS.
 
 What differs from a new interpreter: the modules of PRELOADED are imported already, under the environment the
-pytest process had, and the children share the server's hash seed and numpy's global random state. A test whose
-subject is one of these, or that blocks one of them from importing, keeps `subprocess.run([sys.executable, ...])`
+pytest process had (what their import writes into os.environ, such as inductor's cache folder, is not in the child's
+environment), and the children share the server's hash seed and numpy's global random state. A test whose subject is
+one of these, or that blocks one of them from importing, keeps `subprocess.run([sys.executable, ...])`
 (tests/test_extras.py does).
 """
 
@@ -32,9 +33,10 @@ import traceback
 import types
 from pathlib import Path
 
-#: What the server imports once: the expensive part of `import verl` that reads nothing a test sets.
+#: What the server imports once: the expensive part of `import verl` that reads nothing a test sets; and torch's
+#: inductor, most of what importing vllm costs (about 0.9 s) in each child that imports verl's trainer or workers.
 PRELOADED = ("torch", "tensordict", "numpy", "transformers", "transformers.modeling_utils",
-             "transformers.processing_utils", "datasets")
+             "transformers.processing_utils", "datasets", "torch._inductor.lowering")
 
 _lock = threading.Lock()  # one call at a time through the server
 _server: subprocess.Popen | None = None
