@@ -273,6 +273,12 @@ def test_a_quiet_run_that_succeeds_shows_nothing_of_verls_output(tmp_path):
 
 # ---- under CI=true a skip that bypasses the rule fails too (tests/conftest.py) -------------------------------------
 
+#: A stand-in pytest run loads only the plugins it names: each installed one (Hypothesis, Hydra's, anyio's) costs
+#: a second or two of CPU in every pytest process, and the stand-ins use none of them.
+ONLY_NAMED_PLUGINS = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+WITH_XDIST = ("-p", "xdist.plugin")
+
+
 def test_any_skip_fails_under_ci(tmp_path):
     """A bare pytest.skip / pytest.importorskip in a test skips off CI and fails under CI=true."""
     for name in ("conftest.py", "conftest_data.py", "conftest_e2e.py", "yaml_memo.py"):
@@ -284,7 +290,7 @@ def test_any_skip_fails_under_ci(tmp_path):
         "def test_passes():\n    pass\n")
     outer = ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "PYTEST_ADDOPTS")
     for ci, expected in (("true", "2 failed, 1 passed"), ("", "1 passed, 2 skipped")):
-        env = {k: v for k, v in os.environ.items() if k not in outer} | {"CI": ci}
+        env = {k: v for k, v in os.environ.items() if k not in outer} | ONLY_NAMED_PLUGINS | {"CI": ci}
         proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
         assert expected in proc.stdout, (ci, proc.stdout[-2000:])
@@ -345,7 +351,7 @@ def _run_standin(tmp_path, *args):
     log = _standin_suite(tmp_path)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}  # not this run's worker's
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
-                          cwd=tmp_path, env={**env, "ORDER_LOG": str(log), "CI": ""},
+                          cwd=tmp_path, env={**env, **ONLY_NAMED_PLUGINS, "ORDER_LOG": str(log), "CI": ""},
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return [line.split() for line in log.read_text().splitlines()]
@@ -365,7 +371,7 @@ _MODULES = ("test_a", "test_c", "test_e2e_b", "test_e2e_d")
 def test_make_tests_xdist_sharing_keeps_a_file_on_one_worker_and_every_e2e_test_first_on_one(tmp_path):
     """tests/conftest.py's scopes under `make test`'s XDIST, on stand-in files: the end-to-end files' tests run on
     one worker, before anything else there and in file order; every other file's tests stay on one worker each."""
-    runs = _run_standin(tmp_path, *XDIST.split())
+    runs = _run_standin(tmp_path, *WITH_XDIST, *XDIST.split())
     assert len(runs) == 16
     modules = ("test_a", "test_e2e_b", "test_c")
     workers = {module: {worker for worker, m, _, _ in runs if m == module} for module in modules}
@@ -382,7 +388,7 @@ def test_make_tests_xdist_sharing_keeps_a_file_on_one_worker_and_every_e2e_test_
 def test_make_checks_workers_use_every_cpu_and_end_after_their_exit_handlers_without_teardown(tmp_path):
     """`make check` (-m "not e2e"): both workers run on every CPU. And each worker ends once its exit handlers have
     run, without the interpreter's teardown of its modules (the run without pytest-xdist below has one)."""
-    runs = _run_standin(tmp_path, *XDIST.split(), "-m", "not e2e")
+    runs = _run_standin(tmp_path, *WITH_XDIST, *XDIST.split(), "-m", "not e2e")
     assert len(runs) == 8 and len({worker for worker, _, _, _ in runs}) == 2
     assert {cpus for _, _, _, cpus in runs} == {_this_process_cpus()}
     assert _ends(tmp_path) == {worker: [(module, "exit-handler") for module in _MODULES] for worker in ("gw0", "gw1")}
@@ -395,9 +401,9 @@ def test_the_other_worker_takes_the_upper_half_of_the_cpus(available, upper):
 
 
 def test_the_suite_runs_without_pytest_xdist_end_to_end_files_first(tmp_path):
-    """`python -m pytest` where pytest-xdist is absent (here switched off): the conftest's xdist hook is optional,
+    """`python -m pytest` where pytest-xdist is absent (here not loaded): the conftest's xdist hook is optional,
     so the suite still runs, on one process, with the end-to-end files first."""
-    runs = _run_standin(tmp_path, "-p", "no:xdist")
+    runs = _run_standin(tmp_path)  # pytest-xdist not loaded
     order = [(module, int(name)) for _, module, name, _ in runs]
     assert order[:8] == [("test_e2e_b", i) for i in range(4)] + [("test_e2e_d", i) for i in range(4)], order
     assert len(order) == 16 and {worker for worker, _, _, _ in runs} == {"master"}
