@@ -8,8 +8,6 @@ import itertools
 import json
 import math
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +17,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
+from tepo_verl import cli
 from tepo_verl.report.compare import (
     CONFIDENCE,
     auto_target,
@@ -342,33 +341,38 @@ def test_bad_inputs_are_named(tmp_path):
         load_runs([str(tmp_path / "a"), str(tmp_path / "b")])
 
 
-def _compare(*args):
-    return subprocess.run([sys.executable, "-m", "tepo_verl.cli", "compare", *map(str, args)],
-                          capture_output=True, text=True, timeout=120)
+def _compare(capsys, *args) -> tuple[int, str]:
+    """`tepo-verl compare ARGS` as its console script runs it (tepo_verl.cli.main): its exit code and its stderr."""
+    try:
+        code = cli.main(["compare", *map(str, args)])
+    except SystemExit as stop:
+        code = stop.code
+    return code, capsys.readouterr().err
 
 
 def _one_line_error(result, text):
-    assert result.returncode == 2, result
-    assert "Traceback" not in result.stderr
-    lines = result.stderr.strip().splitlines()
+    code, stderr = result
+    assert code == 2, result
+    assert "Traceback" not in stderr
+    lines = stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("tepo-verl compare: error: ") and text in lines[0], lines
 
 
-def test_command_fails_cleanly_on_a_folder_without_runs(tmp_path):
+def test_command_fails_cleanly_on_a_folder_without_runs(tmp_path, capsys):
     (tmp_path / "val_generations").mkdir()
     (tmp_path / "val_generations" / "0.jsonl").write_text('{"input": "q", "output": "a"}\n')
-    _one_line_error(_compare(tmp_path, "--out", tmp_path / "o"),
+    _one_line_error(_compare(capsys, tmp_path, "--out", tmp_path / "o"),
                     f"no verl file-logger *.jsonl or *.jsonl.gz file under {tmp_path}")
 
 
-def test_command_fails_cleanly_on_a_missing_path(tmp_path):
-    _one_line_error(_compare(tmp_path / "nowhere", "--out", tmp_path / "o"), "nowhere does not exist")
+def test_command_fails_cleanly_on_a_missing_path(tmp_path, capsys):
+    _one_line_error(_compare(capsys, tmp_path / "nowhere", "--out", tmp_path / "o"), "nowhere does not exist")
 
 
-def test_command_fails_cleanly_on_a_malformed_line(tmp_path):
+def test_command_fails_cleanly_on_a_malformed_line(tmp_path, capsys):
     run = tmp_path / "tepo-seed1.jsonl"
     run.write_text('{"step": 0, "data": {"val-core/a/acc/mean@1": 0.2}}\n{"step": 1, "data": {"x": 1\n')
-    _one_line_error(_compare(run, "--out", tmp_path / "o"), f"{run}:2: not a verl file-logger record")
+    _one_line_error(_compare(capsys, run, "--out", tmp_path / "o"), f"{run}:2: not a verl file-logger record")
 
 
 def _compressed_copy(runs_dir: Path, out: Path) -> Path:
