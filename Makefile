@@ -5,7 +5,7 @@
 #                running the trainer runs (-m e2e) while the other runs the rest (CI runs this; it ends with the
 #                25 slowest tests)
 #   make check   set up .venv if needed, then ruff and every test but the trainer runs (-m "not e2e"), on two
-#                workers: the check for every edit, about 3 minutes on 2 cores
+#                workers: the check for every edit, under 3 minutes on 2 cores
 #
 # Set-up (once; a stamp file in the venv makes later calls skip it, silently): a virtual environment, the CPU build
 # of torch, the plugin with its test extras and, beside it, the CPU lab (lab/: the CPU mode, the tiny models, the
