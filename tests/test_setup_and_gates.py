@@ -328,6 +328,12 @@ def _this_process_cpus() -> str:
     return _cpu_list(os.sched_getaffinity(0))
 
 
+#: The stand-in test files, each with its module-level marks (_standin_suite), and their modules.
+_STANDIN_FILES = {"test_a.py": "", "test_e2e_b.py": "pytestmark = pytest.mark.e2e\n", "test_c.py": "",
+                  "test_e2e_d.py": "pytestmark = pytest.mark.e2e\n"}
+_MODULES = tuple(sorted(name.removesuffix(".py") for name in _STANDIN_FILES))
+
+
 def _standin_suite(tmp_path):
     """Four stand-in test files (two end-to-end) under the suite's own conftest hooks; returns $ORDER_LOG's path."""
     (tmp_path / "conftest.py").write_text(  # the suite's conftest's hooks, loaded under another module name
@@ -339,9 +345,7 @@ def _standin_suite(tmp_path):
         "pytest_runtest_setup = suite.pytest_runtest_setup\n"
         "pytest_unconfigure = suite.pytest_unconfigure\n")
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    e2e: a trainer run\n")
-    files = {"test_a.py": "", "test_e2e_b.py": "pytestmark = pytest.mark.e2e\n", "test_c.py": "",
-             "test_e2e_d.py": "pytestmark = pytest.mark.e2e\n"}
-    for name, mark in files.items():
+    for name, mark in _STANDIN_FILES.items():
         body = "".join(f"def test_{i}():\n    record({i})\n" for i in range(4))
         (tmp_path / name).write_text(_RECORD + mark + body)
     return tmp_path / "order.log"
@@ -363,9 +367,6 @@ def _ends(tmp_path) -> dict[str, list[tuple[str, str]]]:
     for worker, module, event in (line.split() for line in (tmp_path / "order.log.exit").read_text().splitlines()):
         ends.setdefault(worker, []).append((module, event))
     return {worker: sorted(events) for worker, events in ends.items()}
-
-
-_MODULES = ("test_a", "test_c", "test_e2e_b", "test_e2e_d")
 
 
 def test_make_tests_xdist_sharing_keeps_a_file_on_one_worker_and_every_e2e_test_first_on_one(tmp_path):
